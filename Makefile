@@ -1,0 +1,56 @@
+# Two commands on a fresh Debian machine (as root):
+#   make lab    build the LXC lab and run site.yml against it (the main job)
+#   make test   lint, unit tests and every Molecule scenario
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+VENV      := .venv
+BIN       := $(VENV)/bin
+LAB       ?= lab
+LAB_NODES ?= 2
+LAB_FIXTURES ?= h200-x1,h200-x2
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export ANSIBLE_INJECT_FACT_VARS := False
+export MOLECULE_GLOB := tests/molecule/*/molecule.yml
+
+PY_DIRS := library module_utils plugins tests
+
+.PHONY: help host-deps venv lab lab-down lint unit molecule test
+
+help:
+	@echo "make lab       build the lab (LAB_NODES=$(LAB_NODES)) and run site.yml against it"
+	@echo "make test      yamllint, ansible-lint, ruff, pytest and the Molecule scenarios"
+	@echo "make lab-down  remove every container, bridge and key the lab made"
+
+host-deps:
+	@tests/lab/host-deps.sh
+
+$(BIN)/.installed: requirements.txt
+	@test -x $(BIN)/python || /usr/bin/python3 -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	@touch $@
+
+venv: host-deps $(BIN)/.installed
+
+lab: venv
+	$(BIN)/python tests/lab/labctl.py up --lab $(LAB) --nodes $(LAB_NODES) \
+	  --fixtures $(LAB_FIXTURES) --inventory-dir inventory/lab
+	$(BIN)/ansible-playbook site.yml
+
+lab-down: venv
+	$(BIN)/python tests/lab/labctl.py down --lab $(LAB)
+
+lint: venv
+	$(BIN)/yamllint --strict .
+	$(BIN)/ansible-lint
+	$(BIN)/ruff check $(PY_DIRS)
+	$(BIN)/ruff format --check $(PY_DIRS)
+
+unit: venv
+	$(BIN)/pytest
+
+molecule: venv
+	$(BIN)/molecule test --all
+
+test: lint unit molecule

@@ -1,0 +1,15 @@
+"""Make the repo's module_utils and library importable in tests the way Ansible sees them.
+
+Ansible resolves ``ansible.module_utils.<name>`` from the configured module_utils
+directory; pytest has no such hook, so we extend the package path once here.
+"""
+
+import sys
+from pathlib import Path
+
+import ansible.module_utils
+
+REPO = Path(__file__).resolve().parent.parent
+ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+sys.path.insert(0, str(REPO / "library"))
+sys.path.insert(0, str(REPO / "plugins" / "filter"))
