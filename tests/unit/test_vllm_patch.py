@@ -311,3 +311,143 @@ def test_module_fails_with_reason_on_tampered_vllm(venv, capsys):
     assert "Refusing to touch vLLM" in result["msg"]
     assert "Nothing was changed" in result["msg"]
     assert not (site / "vllm/v1/spec_decode/ddtree.py").exists()
+
+
+# --- the patched functions themselves, lifted out of the patched sources ------------
+#
+# vLLM cannot be imported here (no torch), so these tests take the patched methods' source
+# out of the patched files with ast and run them on plain objects.
+
+
+def _method(site: Path, relpath: str, cls: str, name: str, env: dict):
+    import ast
+    import textwrap
+
+    tree = ast.parse((site / relpath).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == name:
+                    item.decorator_list = []
+                    item.returns = None
+                    for arg in item.args.args:
+                        arg.annotation = None
+                    code = textwrap.dedent(ast.unparse(item))
+                    scope = dict(env)
+                    exec(compile(code, relpath, "exec"), scope)
+                    return scope[name]
+    raise AssertionError(f"{cls}.{name} not found in {relpath}")
+
+
+class Obj:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+class Log:
+    def __init__(self):
+        self.lines = []
+
+    def warning(self, msg, *args):
+        self.lines.append(msg % args)
+
+
+@pytest.fixture
+def patched_site(venv) -> Path:
+    site = site_of(venv)
+    cs.execute(cs.plan(changeset(), str(site), cs.PRESENT))
+    return site
+
+
+def test_dflash_target_layer_ids_are_captured_one_layer_later(patched_site, venv):
+    fn = _method(
+        patched_site,
+        "vllm/v1/worker/gpu_model_runner.py",
+        "GPUModelRunner",
+        "_get_eagle3_aux_layers_from_config",
+        {},
+    )
+    hf = Obj(eagle_aux_hidden_state_layer_ids=None, dflash_config={"target_layer_ids": [1, 16, 31, 46, 61]})
+    runner = Obj(speculative_config=Obj(draft_model_config=Obj(hf_config=hf)))
+    assert fn(runner) == (2, 17, 32, 47, 62)
+    # EAGLE3 ids already mean "after k layers": unchanged.
+    hf.eagle_aux_hidden_state_layer_ids = [2, 32, 61]
+    assert fn(runner) == (2, 32, 61)
+    # The pristine release passes DFlash ids through unchanged (the bug).
+    pristine = site_of(venv).parent / "pristine"
+    (pristine / "vllm/v1/worker").mkdir(parents=True)
+    with zipfile.ZipFile(_wheel()) as whl:
+        (pristine / "vllm/v1/worker/gpu_model_runner.py").write_bytes(
+            whl.read("vllm/v1/worker/gpu_model_runner.py")
+        )
+    old = _method(
+        pristine,
+        "vllm/v1/worker/gpu_model_runner.py",
+        "GPUModelRunner",
+        "_get_eagle3_aux_layers_from_config",
+        {},
+    )
+    hf.eagle_aux_hidden_state_layer_ids = None
+    assert old(runner) == (1, 16, 31, 46, 61)
+
+
+QWEN36_LAYER_TYPES = ["sliding_attention"] * 4 + ["full_attention"]
+
+
+def test_sliding_window_drafter_is_refused_with_the_fix(patched_site):
+    fn = _method(
+        patched_site,
+        "vllm/config/speculative.py",
+        "SpeculativeConfig",
+        "_refuse_sliding_window_dflash_drafter",
+        {},
+    )
+    sliding = Obj(
+        model="/opt/models/Qwen3.6-27B-DFlash",
+        draft_model_config=Obj(hf_config=Obj(layer_types=QWEN36_LAYER_TYPES, dflash_config={})),
+    )
+    with pytest.raises(
+        ValueError, match=r"layers \[0, 1, 2, 3\] as sliding_attention.*vLLM 0\.28\.0 or newer"
+    ):
+        fn(sliding)
+    full = Obj(
+        model="/opt/models/Qwen3.5-27B-DFlash",
+        draft_model_config=Obj(hf_config=Obj(layer_types=["full_attention"] * 5, dflash_config={})),
+    )
+    assert fn(full) is None
+    swa_flag = Obj(model="x", draft_model_config=Obj(hf_config=Obj(dflash_config={"use_swa": True})))
+    with pytest.raises(ValueError, match=r"dflash_config\.use_swa is true"):
+        fn(swa_flag)
+
+
+def test_ddtree_falls_back_to_the_chain_on_recurrent_targets(patched_site):
+    log = Log()
+    fn = _method(
+        patched_site,
+        "vllm/config/speculative.py",
+        "SpeculativeConfig",
+        "_maybe_fall_back_from_ddtree",
+        {"logger": log},
+    )
+    qwen36_text = Obj(model_type="qwen3_5_text", layer_types=["linear_attention"] * 3 + ["full_attention"])
+    spec = Obj(
+        target_model_config=Obj(hf_text_config=qwen36_text, is_hybrid=True),
+        num_speculative_tokens=64,
+        ddtree_depth=15,
+        ddtree_budget=64,
+    )
+    fn(spec)
+    assert (spec.num_speculative_tokens, spec.ddtree_depth, spec.ddtree_budget) == (15, None, None)
+    assert log.lines == [
+        "DDTree refused: the target (qwen3_5_text) has recurrent layers (linear_attention), which need "
+        "branch-local state to verify a tree; this vLLM has none. Falling back to the DFlash chain with "
+        "num_speculative_tokens=15 (ddtree_budget=64 ignored)."
+    ]
+    dense = Obj(
+        target_model_config=Obj(hf_text_config=Obj(model_type="qwen3", layer_types=["full_attention"] * 4)),
+        num_speculative_tokens=64,
+        ddtree_depth=15,
+        ddtree_budget=64,
+    )
+    fn(dense)
+    assert (dense.num_speculative_tokens, dense.ddtree_depth, dense.ddtree_budget) == (64, 15, 64)
