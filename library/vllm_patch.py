@@ -109,11 +109,11 @@ record_path:
   sample: /opt/vllm/0.20.1/vllm-changeset.json
 """
 
-import json  # noqa: E402
-import os  # noqa: E402
+import json
+import os
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.vllm_changeset import (  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.vllm_changeset import (
     ABSENT,
     PRESENT,
     RECORD_NAME,

@@ -201,9 +201,7 @@ def apply_hunks(original: str, hunks: Sequence[Hunk], *, reverse: bool = False) 
         # "-N,0" means "insert after line N"; otherwise the hunk starts at line N.
         index = start if not before else start - 1
         if index < pos or src[index : index + len(before)] != list(before):
-            raise ChangeSetError(
-                f"The diff does not apply: the lines at {index + 1} differ from the hunk's context."
-            )
+            raise ChangeSetError(f"The diff does not apply: the lines at {index + 1} differ from the hunk's context.")
         out.extend(src[pos:index])
         out.extend(after)
         pos = index + len(before)

@@ -14,12 +14,12 @@ Sub-commands:
   driver MODELS OUT       every run of the proof, then OUT/summary.json (lossless checks, mean
                           acceptance lengths, tokens/s).
 
-How the drafter agrees "often but not always": every token embedding shares one large component
-``e`` and the output rows of tokens 0 and 1 are pushed along ``e``. The target then mostly emits 0,
-sometimes 1, now and then another token, depending on context; the drafter (which sees the mask
-token's embedding, also along ``e``, and shares the target's lm_head) mostly drafts 0, then 1. The
-push is calibrated with a transformers forward pass so the target emits token 0 about 60% of the
-time: chains are accepted part-way, and trees gain when the target picks a sibling.
+How the drafter agrees "often but not always" (a weakened forced-acceptance construction): every
+token embedding shares one component, so the random target emits a context-dependent mix of a few
+tokens. The mask token's embedding (the drafter shares the target's embeddings and lm_head) is set
+to a large multiple of the target's average output direction, so the drafter drafts the target's
+most frequent tokens, best first, at every depth: chains are accepted part-way, and trees gain when
+the target picks a token the chain did not draft.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ MAX_POS = 4096
 MASK_TOKEN_ID = 63
 TARGET_LAYER_IDS = [1, 5]  # DFlash rule for 8 target layers, 2 draft layers: round(1 + i * 4 / 1)
 SEED = 0
+DRAFTER_SHARPNESS = 60.0
 DEPTH = 7  # DFlash block 8: num_speculative_tokens for the chain and the DDTree depth
 
 
@@ -98,8 +99,8 @@ def _drafter_config(root: str, tensors: dict) -> tuple[dict, str]:
             target_layer_ids=TARGET_LAYER_IDS,
         )
         return config, "module_utils/dflash_drafter.generate"
-    except ImportError:
-        pass
+    except Exception as exc:
+        error = repr(exc)
     config = {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
@@ -121,7 +122,7 @@ def _drafter_config(root: str, tensors: dict) -> tuple[dict, str]:
         "dflash_config": {"mask_token_id": MASK_TOKEN_ID, "target_layer_ids": TARGET_LAYER_IDS},
         "dtype": "bfloat16",
     }
-    return config, "written by tests/gpu/ddtree_gpu.py (dflash_drafter not importable)"
+    return config, f"written by tests/gpu/ddtree_gpu.py (dflash_drafter failed: {error})"
 
 
 def cmd_make_models(root: str) -> int:
@@ -145,7 +146,6 @@ def cmd_make_models(root: str) -> int:
         eos_token_id=1,
         pad_token_id=0,
         attention_bias=False,
-        rope_theta=10000.0,
     )
     torch.manual_seed(SEED)
     tcfg = Qwen3Config(num_hidden_layers=LAYERS_TARGET, **common)
@@ -155,30 +155,30 @@ def cmd_make_models(root: str) -> int:
     e = torch.randn(HIDDEN, generator=g)
     e = e / e.norm()
     with torch.no_grad():
-        target.model.embed_tokens.weight.add_(e)  # shared component of every token
-        base_head = target.lm_head.weight.clone()
+        # One component shared by every token's embedding: the random target then emits a
+        # context-dependent mix of a few tokens instead of repeating one token per prompt.
+        target.model.embed_tokens.weight.add_(e)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     target = target.to(dev).eval()
-
-    def frac_zero(a: float) -> tuple[float, float]:
-        with torch.no_grad():
-            target.lm_head.weight.copy_(base_head.to(dev))
-            target.lm_head.weight[0].add_(a * e.to(dev))
-            target.lm_head.weight[1].add_(0.8 * a * e.to(dev))
-            toks = []
-            for p in prompts():
-                ids = torch.tensor([p], device=dev)
-                for _ in range(48):
-                    nxt = target(ids).logits[0, -1].argmax()
-                    ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
-                toks += ids[0, len(p) :].tolist()
-        return toks.count(0) / len(toks), toks.count(1) / len(toks)
-
-    grid = {}
-    for a in (0.02, 0.03, 0.045, 0.06, 0.08, 0.11, 0.15):
-        grid[a] = frac_zero(a)
-    best = min(grid, key=lambda a: abs(grid[a][0] - 0.6) + (0.0 if grid[a][0] < 0.9 else 1.0))
-    frac_zero(best)
+    finals, emitted = [], []
+    with torch.no_grad():
+        for p in prompts():
+            ids = torch.tensor([p], device=dev)
+            for _ in range(48):
+                u = target.model(ids).last_hidden_state[0, -1]  # after the final norm
+                finals.append(u)
+                nxt = target.lm_head(u).argmax()
+                emitted.append(int(nxt))
+                ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+        mean_dir = torch.stack(finals).mean(0)
+        mean_dir = mean_dir / mean_dir.norm()
+        # The drafter shares this embedding table: its mask token's embedding dominates the
+        # drafter's residual stream, so its output is close to the target's average output
+        # direction: it drafts the target's most frequent tokens, best first, at every depth.
+        target.model.embed_tokens.weight[MASK_TOKEN_ID] = 100.0 * mean_dir
+        drafter_like = (16.0 * DRAFTER_SHARPNESS * target.lm_head.weight @ mean_dir).float()
+        top_v, top_i = drafter_like.topk(5)
+    counts = {t: emitted.count(t) for t in sorted(set(emitted))}
     target = target.to("cpu").to(torch.bfloat16)
     target.save_pretrained(os.path.join(root, "target"), safe_serialization=True)
 
@@ -191,10 +191,12 @@ def cmd_make_models(root: str) -> int:
         if not k.startswith("embed_tokens") and "rotary_emb" not in k
     }
     gd = torch.Generator().manual_seed(SEED + 2)
-    sd["fc.weight"] = (torch.randn(HIDDEN, HIDDEN * len(TARGET_LAYER_IDS), generator=gd) * 0.02).to(
-        torch.bfloat16
-    )
+    sd["fc.weight"] = (torch.randn(HIDDEN, HIDDEN * len(TARGET_LAYER_IDS), generator=gd) * 0.02).to(torch.bfloat16)
     sd["hidden_norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
+    # Sharpen the drafter: its final norm scales its logits, so it is confident about the
+    # target's most frequent token and gives the runner-up a real share (a tree then holds
+    # both), instead of a nearly flat distribution over the vocabulary.
+    sd["norm.weight"] = torch.full((HIDDEN,), DRAFTER_SHARPNESS, dtype=torch.bfloat16)
     d = os.path.join(root, "drafter")
     os.makedirs(d, exist_ok=True)
     save_file(sd, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
@@ -203,9 +205,8 @@ def cmd_make_models(root: str) -> int:
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
     info = {
-        "calibration_grid": {str(a): v for a, v in grid.items()},
-        "chosen_push": best,
-        "target_frac_token0_token1_hf_fp32": grid[best],
+        "target_greedy_token_counts_hf_fp32": counts,
+        "drafter_like_top5": {"tokens": top_i.tolist(), "logits": [round(float(v), 3) for v in top_v]},
         "drafter_config_source": source,
         "drafter_config": config,
     }
@@ -323,9 +324,7 @@ def cmd_gen(a: argparse.Namespace) -> int:
     )
     with open(a.result, "w") as f:
         json.dump(res, f, default=str)
-    print(
-        "RESULT", json.dumps({k: v for k, v in res.items() if "batch" not in k or "tok" in k or "mean" in k})
-    )
+    print("RESULT", json.dumps({k: v for k, v in res.items() if "batch" not in k or "tok" in k or "mean" in k}))
     return 0
 
 
@@ -450,10 +449,10 @@ def compare(ref: dict, run: dict) -> dict:
     return out
 
 
-def cmd_driver(models: str, out: str, only: list[str] | None, budget_s: float) -> int:
+def cmd_driver(models: str, out: str, only: list[str] | None, budget_s: float, one_wave: bool = False) -> int:
     os.makedirs(out, exist_ok=True)
     t_start = time.time()
-    runs = {k: v for k, v in RUNS.items() if not only or k in only}
+    runs = {k: (v[0], 0 if one_wave else v[1]) for k, v in RUNS.items() if not only or k in only}
     results: dict = {}
     waves = sorted({w for _, w in runs.values()})
     for wave in waves:
@@ -477,9 +476,13 @@ def cmd_driver(models: str, out: str, only: list[str] | None, budget_s: float) -
             except subprocess.TimeoutExpired:
                 p.kill()
             log.close()
+            lines = Path(log.name).read_text(errors="replace").splitlines()
+            keys = ("DDTree", "Error", "refused", "backend")
+            notes = [ln[-300:] for ln in lines if any(w in ln for w in keys)]
             if os.path.exists(res):
                 with open(res) as f:
                     results[name] = json.load(f)
+                results[name]["log_notes"] = notes[:25]
             else:
                 tail = Path(log.name).read_text()[-4000:]
                 results[name] = {"error": f"rc={p.returncode}", "log_tail": tail}
@@ -503,6 +506,13 @@ def cmd_driver(models: str, out: str, only: list[str] | None, budget_s: float) -
             }
         if "batch1_tok_s" in r:
             summary["tokens_per_s"][name] = {"batch1": r["batch1_tok_s"], "batch4": r["batch4_tok_s"]}
+    base = summary["tokens_per_s"].get("perf_target")
+    if base:
+        summary["speedup_vs_target_cuda_graphs"] = {
+            name: {k: round(v[k] / base[k], 3) for k in ("batch1", "batch4")}
+            for name, v in summary["tokens_per_s"].items()
+            if name.startswith("perf_")
+        }
     summary["token_ids"] = {n: {"batch4": r.get("batch4")} for n, r in results.items() if "batch4" in r}
     summary["wall_s"] = round(time.time() - t_start, 1)
     with open(os.path.join(out, "summary.json"), "w") as f:
@@ -538,6 +548,7 @@ def main() -> int:
     s.add_argument("out")
     s.add_argument("--only", nargs="*")
     s.add_argument("--budget-s", type=float, default=480)
+    s.add_argument("--one-wave", action="store_true", help="run the selected runs all at once")
     a = ap.parse_args()
     try:
         if a.cmd == "apply":
@@ -548,7 +559,7 @@ def main() -> int:
             return cmd_gen(a)
         if a.cmd == "bench-tree":
             return cmd_bench_tree(a.out)
-        return cmd_driver(a.models, a.out, a.only, a.budget_s)
+        return cmd_driver(a.models, a.out, a.only, a.budget_s, a.one_wave)
     except Exception:
         traceback.print_exc()
         return 1

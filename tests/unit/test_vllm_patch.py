@@ -35,6 +35,7 @@ TOUCHED = [
     "vllm/model_executor/models/qwen3_dflash.py",
     "vllm/v1/attention/backends/tree_attn.py",
     "vllm/v1/attention/ops/triton_unified_attention.py",
+    "vllm/v1/attention/selector.py",
     "vllm/v1/spec_decode/dflash.py",
     "vllm/v1/worker/gpu_model_runner.py",
 ]
@@ -278,7 +279,7 @@ def test_module_check_mode_then_apply_then_idempotent_then_absent(venv, capsys, 
     checked = run_module(args, capsys, check=True, diff=True)
     assert checked["changed"] is True
     assert sorted(checked["changed_files"]) == sorted(TOUCHED + ADDED)
-    assert len(checked["diff"]) == 9
+    assert len(checked["diff"]) == 10
     assert snapshot(site) == before
     assert not (venv / "vllm-changeset.json").exists()
 
@@ -377,9 +378,7 @@ def test_dflash_target_layer_ids_are_captured_one_layer_later(patched_site, venv
     pristine = site_of(venv).parent / "pristine"
     (pristine / "vllm/v1/worker").mkdir(parents=True)
     with zipfile.ZipFile(_wheel()) as whl:
-        (pristine / "vllm/v1/worker/gpu_model_runner.py").write_bytes(
-            whl.read("vllm/v1/worker/gpu_model_runner.py")
-        )
+        (pristine / "vllm/v1/worker/gpu_model_runner.py").write_bytes(whl.read("vllm/v1/worker/gpu_model_runner.py"))
     old = _method(
         pristine,
         "vllm/v1/worker/gpu_model_runner.py",
@@ -406,9 +405,7 @@ def test_sliding_window_drafter_is_refused_with_the_fix(patched_site):
         model="/opt/models/Qwen3.6-27B-DFlash",
         draft_model_config=Obj(hf_config=Obj(layer_types=QWEN36_LAYER_TYPES, dflash_config={})),
     )
-    with pytest.raises(
-        ValueError, match=r"layers \[0, 1, 2, 3\] as sliding_attention.*vLLM 0\.28\.0 or newer"
-    ):
+    with pytest.raises(ValueError, match=r"layers \[0, 1, 2, 3\] as sliding_attention.*vLLM 0\.28\.0 or newer"):
         fn(sliding)
     full = Obj(
         model="/opt/models/Qwen3.5-27B-DFlash",

@@ -30,9 +30,7 @@ from vllm_changeset import (  # noqa: E402
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", required=True)
     parser.add_argument("--pristine", type=Path)
     parser.add_argument("--patched", type=Path)

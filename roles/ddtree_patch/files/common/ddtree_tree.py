@@ -170,9 +170,7 @@ def _plan(num_depths: int, vocab: int, budget: int, device: torch.device) -> _Pl
     return plan
 
 
-def _ranked_top_tokens(
-    logits: torch.Tensor, k: int, slots: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _ranked_top_tokens(logits: torch.Tensor, k: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Top ``k`` tokens of each row of ``[R, V]`` by (logit desc, token id asc): values and ids ``[R, k]``.
 
     ``torch.topk`` does not specify which of several equal values it returns, so ties are settled
@@ -210,9 +208,7 @@ def _check_build_args(draft_logits: torch.Tensor, budget: int) -> tuple[int, int
         raise ValueError(f"budget must be a positive int (number of tree nodes), got {budget!r}")
     batch, depth, vocab = (int(s) for s in draft_logits.shape)
     if depth < 1 or vocab < 1:
-        raise ValueError(
-            f"draft_logits needs at least one draft position and one token, got {draft_logits.shape}"
-        )
+        raise ValueError(f"draft_logits needs at least one draft position and one token, got {draft_logits.shape}")
     total = 0
     for d in range(1, depth + 1):
         total += vocab**d

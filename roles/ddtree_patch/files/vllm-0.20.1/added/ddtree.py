@@ -232,8 +232,7 @@ class DDTreeRuntime:
         if sampling_metadata.generators:
             self._warn_once(
                 "seed",
-                "DDTree: per-request seeds are not honoured; tree nodes are "
-                "sampled with the global generator.",
+                "DDTree: per-request seeds are not honoured; tree nodes are sampled with the global generator.",
             )
         probs = torch.softmax(scaled, dim=-1)
         race = torch.empty_like(probs).exponential_()
