@@ -165,9 +165,7 @@ def _load_json(raw: bytes, what: str, strict: bool = True) -> Any:
         raise SafetensorsError(f"{what} is not valid JSON ({exc})") from None
 
 
-def parse_header_bytes(
-    header: bytes, data_len: int, path: str
-) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+def parse_header_bytes(header: bytes, data_len: int, path: str) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     """Validate a header's JSON bytes against the size of the data buffer that follows it.
 
     Rules (those of the reference implementation): a JSON object; each entry has a
@@ -224,8 +222,7 @@ def parse_header_bytes(
         if begin != offset:
             if begin < offset:
                 raise SafetensorsError(
-                    f"{where}: tensor {name!r} bytes [{begin}, {end}) overlap tensor {prev!r}"
-                    f" which ends at {offset}"
+                    f"{where}: tensor {name!r} bytes [{begin}, {end}) overlap tensor {prev!r} which ends at {offset}"
                 )
             raise SafetensorsError(
                 f"{where}: gap in the data buffer between byte {offset} and tensor {name!r} at {begin}"
@@ -259,9 +256,7 @@ def _tensor_entry(name: str, entry: Any, where: str, path: str) -> TensorInfo:
         raise SafetensorsError(f"{where}: entry {name!r} lacks {', '.join(missing) or 'a non-null value'}")
     bits_per = DTYPE_BITS.get(dtype) if type(dtype) is str else None
     if bits_per is None:
-        raise SafetensorsError(
-            f"{where}: tensor {name!r} has unknown dtype {dtype!r}; known: {', '.join(DTYPE_BITS)}"
-        )
+        raise SafetensorsError(f"{where}: tensor {name!r} has unknown dtype {dtype!r}; known: {', '.join(DTYPE_BITS)}")
     if type(shape) is not list:
         raise SafetensorsError(f"{where}: tensor {name!r} shape must be a list of non-negative integers")
     numel = 1
@@ -270,14 +265,10 @@ def _tensor_entry(name: str, entry: Any, where: str, path: str) -> TensorInfo:
             raise SafetensorsError(f"{where}: tensor {name!r} shape must be a list of non-negative integers")
         numel *= d
     if type(offs) is not list or len(offs) != 2:
-        raise SafetensorsError(
-            f"{where}: tensor {name!r} data_offsets must be [begin, end], non-negative integers"
-        )
+        raise SafetensorsError(f"{where}: tensor {name!r} data_offsets must be [begin, end], non-negative integers")
     begin, end = offs
     if type(begin) is not int or type(end) is not int or begin < 0:
-        raise SafetensorsError(
-            f"{where}: tensor {name!r} data_offsets must be [begin, end], non-negative integers"
-        )
+        raise SafetensorsError(f"{where}: tensor {name!r} data_offsets must be [begin, end], non-negative integers")
     if end < begin:
         raise SafetensorsError(f"{where}: tensor {name!r} data_offsets end {end} is before begin {begin}")
     bits = numel * bits_per
@@ -285,8 +276,7 @@ def _tensor_entry(name: str, entry: Any, where: str, path: str) -> TensorInfo:
         raise SafetensorsError(f"{where}: tensor {name!r} of {numel} x {dtype} does not fill whole bytes")
     if bits // 8 != end - begin:
         raise SafetensorsError(
-            f"{where}: tensor {name!r} is {dtype} {shape} = {bits // 8} bytes but data_offsets span"
-            f" {end - begin} bytes"
+            f"{where}: tensor {name!r} is {dtype} {shape} = {bits // 8} bytes but data_offsets span {end - begin} bytes"
         )
     return TensorInfo(dtype, tuple(shape), begin, end, path)
 
@@ -363,15 +353,9 @@ def _read_index(index_path: str) -> tuple[dict[str, str], dict[str, Any]]:
     if not wmap:
         raise SafetensorsError(f"{index_path}: weight_map is empty")
     for name, shard in wmap.items():
-        if (
-            not isinstance(shard, str)
-            or not shard
-            or shard != os.path.basename(shard)
-            or shard in (".", "..")
-        ):
+        if not isinstance(shard, str) or not shard or shard != os.path.basename(shard) or shard in (".", ".."):
             raise SafetensorsError(
-                f"{index_path}: weight_map entry {name!r} -> {shard!r} is not a plain file name in the"
-                " same directory"
+                f"{index_path}: weight_map entry {name!r} -> {shard!r} is not a plain file name in the same directory"
             )
     meta = obj.get("metadata", {})
     if meta is None:
@@ -415,9 +399,7 @@ def inspect_shards(index_path: str, checksum: str = "none") -> Checkpoint:
     for shard in shard_names:
         shard_path = os.path.join(base, shard)
         if not os.path.isfile(shard_path):
-            raise SafetensorsError(
-                f"{index_path}: names shard {shard!r} which is missing from {base}; copy it there"
-            )
+            raise SafetensorsError(f"{index_path}: names shard {shard!r} which is missing from {base}; copy it there")
         fh = read_file_header(shard_path, checksum)
         files.append(fh)
         for name, t in fh.tensors.items():
@@ -429,9 +411,7 @@ def inspect_shards(index_path: str, checksum: str = "none") -> Checkpoint:
     if holder != wmap:
         for name, shard in sorted(wmap.items()):
             if name not in holder:
-                raise SafetensorsError(
-                    f"{index_path}: tensor {name!r} is mapped to {shard} but no shard holds it"
-                )
+                raise SafetensorsError(f"{index_path}: tensor {name!r} is mapped to {shard} but no shard holds it")
             if holder[name] != shard:
                 raise SafetensorsError(
                     f"{index_path}: tensor {name!r} is mapped to {shard} but it is in {holder[name]}"
@@ -445,7 +425,6 @@ def inspect_shards(index_path: str, checksum: str = "none") -> Checkpoint:
     declared = index_meta.get("total_size")
     if declared is not None and declared != cp.total_bytes:
         cp.warnings.append(
-            f"{index_path}: metadata.total_size is {declared} but the shards hold {cp.total_bytes}"
-            " bytes of tensors"
+            f"{index_path}: metadata.total_size is {declared} but the shards hold {cp.total_bytes} bytes of tensors"
         )
     return cp
