@@ -185,7 +185,7 @@ def parse_header_bytes(header: bytes, data_len: int, path: str) -> tuple[dict[st
     metadata: dict[str, str] = {}
     tensors: dict[str, TensorInfo] = {}
     spans: list[tuple[int, int, str]] = []
-    bits_of = DTYPE_BITS.get
+    bits_of = DTYPE_BITS
     new = tuple.__new__
     for name, entry in obj.items():
         if name == "__metadata__":
@@ -196,20 +196,20 @@ def parse_header_bytes(header: bytes, data_len: int, path: str) -> tuple[dict[st
         # Fast path for a well-formed entry (exact types keep bools and floats out); anything it
         # does not accept goes to _tensor_entry, which raises with the precise reason.
         info = None
-        if type(entry) is dict:
-            get = entry.get
-            dtype, shape, offs = get("dtype"), get("shape"), get("data_offsets")
-            bits_per = bits_of(dtype) if type(dtype) is str else None
-            if bits_per is not None and type(shape) is list and type(offs) is list and len(offs) == 2:
-                begin, end = offs
-                ok = type(begin) is int and type(end) is int and 0 <= begin <= end
-                numel = 1
-                for d in shape:
-                    if type(d) is not int or d < 0:
-                        ok = False
-                        break
-                    numel *= d
-                if ok and numel * bits_per == 8 * (end - begin):
+        try:
+            dtype = entry["dtype"]
+            shape = entry["shape"]
+            begin, end = entry["data_offsets"]
+            bits = bits_of[dtype]
+        except (KeyError, TypeError, ValueError):
+            bits = 0
+        if bits and type(entry) is dict and type(shape) is list and type(begin) is int and type(end) is int:
+            for d in shape:
+                if type(d) is not int or d < 0:
+                    break
+                bits *= d
+            else:
+                if 0 <= begin <= end and bits == 8 * (end - begin):
                     info = new(TensorInfo, (dtype, tuple(shape), begin, end, path))
         if info is None:
             info = _tensor_entry(name, entry, where, path)
@@ -352,11 +352,16 @@ def _read_index(index_path: str) -> tuple[dict[str, str], dict[str, Any]]:
     wmap = obj["weight_map"]
     if not wmap:
         raise SafetensorsError(f"{index_path}: weight_map is empty")
-    for name, shard in wmap.items():
-        if not isinstance(shard, str) or not shard or shard != os.path.basename(shard) or shard in (".", ".."):
-            raise SafetensorsError(
-                f"{index_path}: weight_map entry {name!r} -> {shard!r} is not a plain file name in the same directory"
-            )
+
+    def plain(shard: Any) -> bool:
+        return type(shard) is str and shard not in ("", ".", "..") and shard == os.path.basename(shard)
+
+    # Check each distinct shard name once (a 27B index maps hundreds of tensors to a dozen files).
+    if not all(type(v) is str for v in wmap.values()) or not all(plain(v) for v in set(wmap.values())):
+        name, shard = next((n, v) for n, v in wmap.items() if not plain(v))
+        raise SafetensorsError(
+            f"{index_path}: weight_map entry {name!r} -> {shard!r} is not a plain file name in the same directory"
+        )
     meta = obj.get("metadata", {})
     if meta is None:
         meta = {}
