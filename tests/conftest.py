@@ -13,3 +13,4 @@ REPO = Path(__file__).resolve().parent.parent
 ansible.module_utils.__path__.append(str(REPO / "module_utils"))
 sys.path.insert(0, str(REPO / "library"))
 sys.path.insert(0, str(REPO / "plugins" / "filter"))
+sys.path.insert(0, str(REPO / "plugins" / "callback"))
