@@ -79,9 +79,8 @@ def test_writes_then_idempotent(lab, capsys):
     assert first["changed"] is True
     assert (drafter / "config.json").read_text() == TINY_CONFIG
     assert oct((drafter / "config.json").stat().st_mode & 0o777) == "0o644"
-    assert [w["event"]["msg"] for w in first["warnings"]] == [
-        "assumed all layers full attention (layer_types not given; shapes cannot tell)"
-    ]
+    # Also emitted as a module warning (not asserted: where warnings go depends on process state).
+    assert first["inferred"]["assumptions"] == ["all layers full attention (layer_types not given; shapes cannot tell)"]
     second = run(dflash_config, args(drafter, target), capsys)
     assert second["changed"] is False
     assert listing(drafter) == ["config.json", "model.safetensors"]
