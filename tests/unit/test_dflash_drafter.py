@@ -6,7 +6,6 @@ import json
 import re
 
 import pytest
-import targets
 from ansible.module_utils.dflash_drafter import (
     DFlashConfigError,
     build_config,
@@ -17,7 +16,7 @@ from ansible.module_utils.dflash_drafter import (
     target_layer_ids_rule,
 )
 from ansible.module_utils.safetensors_header import inspect_path
-from safetensors_files import QWEN3_8B_DFLASH, QWEN36_27B_DFLASH, dflash_shapes, write_real, write_sparse
+from safetensors_files import QWEN3_8B_DFLASH, QWEN36_27B_DFLASH, dflash_shapes, fake, write_real, write_sparse
 
 SLIDING4_FULL1 = ["sliding_attention"] * 4 + ["full_attention"]
 
@@ -68,6 +67,8 @@ QWEN36_27B_DFLASH_CONFIG = """{
 }
 """
 
+targets = fake("target_configs")
+
 
 def refuses(text):
     """Expect a refusal whose message contains ``text`` literally."""
@@ -99,7 +100,9 @@ def test_qwen36_27b_dflash_gives_the_published_config(qwen36):
     text, _, report = generate(tensors, target, layer_types=SLIDING4_FULL1, sliding_window=2048)
     assert text == QWEN36_27B_DFLASH_CONFIG
     assert report["published_match"] == "Qwen3.6-27B-DFlash"
-    assert report["mask_token_id_source"] == "first id past the target tokenizer's tokens (tokenizer.json)"
+    assert report["mask_token_id_source"] == (
+        "first id past the target tokenizer's tokens (tokenizer.json + tokenizer_config.json)"
+    )
     assert report["target_layer_ids_source"] == "DFlash default rule for 64 target layers and 5 draft layers"
     assert report["drafter"] == {
         "hidden_size": 5120,

@@ -9,9 +9,10 @@ from pathlib import Path
 import dflash_config
 import pytest
 import safetensors_info
-import targets
 from ansible.module_utils.testing import patch_module_args
-from safetensors_files import dflash_shapes, write_real, write_sharded
+from safetensors_files import dflash_shapes, fake, write_real, write_sharded
+
+targets = fake("target_configs")
 
 
 def run(module, args, capsys):
