@@ -11,7 +11,6 @@ logprob``, so both sides add the same float32 numbers in the same order.
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,12 +27,11 @@ def rank_tokens(logits_row: list[float]) -> list[int]:
 
 
 def ranked_logprobs(
-    logits: list[list[float]], log_z: list[float], k: int
+    logits: list[list[float]], logp: list[list[float]], k: int
 ) -> tuple[list[list[float]], list[list[int]]]:
-    """Per depth, the ``k`` best tokens in rank order and their float32 log-probs ``logit - log_z``."""
+    """Per depth, the ``k`` best tokens in rank order and their log-probs (``logp[d][token]``, float32)."""
     ids = [rank_tokens(row)[:k] for row in logits]
-    logp = [[f32(f32(row[t]) - log_z[d]) for t in ids[d]] for d, row in enumerate(logits)]
-    return logp, ids
+    return [[logp[d][t] for t in row] for d, row in enumerate(ids)], ids
 
 
 @dataclass
@@ -97,12 +95,3 @@ def walk(maps: list[dict[int, int]], target: list[int]) -> tuple[list[int], int]
         entry = maps[entry][target[entry]]
         accepted.append(entry - 1)
     return accepted, target[entry]
-
-
-def log_z_rows(logits: list[list[float]]) -> list[float]:
-    """Log-sum-exp per row in double precision (for brute force only; the oracle takes torch's)."""
-    out = []
-    for row in logits:
-        top = max(row)
-        out.append(top + math.log(sum(math.exp(x - top) for x in row)))
-    return out

@@ -56,9 +56,9 @@ def _random_logits(seed: int, batch: int, depth: int, vocab: int, *, ties: bool 
 
 
 def _oracle(logits_b: torch.Tensor, budget: int) -> ref.HeapTree:
-    """The heap reference on one request's logits [D, V] (log-sum-exp by torch on their device)."""
-    log_z = torch.logsumexp(logits_b.float(), dim=-1).tolist()
-    logp, ids = ref.ranked_logprobs(logits_b.cpu().tolist(), log_z, min(budget, logits_b.shape[-1]))
+    """The heap reference on one request's logits [D, V] (log-softmax by torch on their device)."""
+    logp = torch.log_softmax(logits_b.float(), dim=-1).tolist()
+    logp, ids = ref.ranked_logprobs(logits_b.float().tolist(), logp, min(budget, logits_b.shape[-1]))
     return ref.heap_tree(logp, ids, budget)
 
 
@@ -67,9 +67,8 @@ def _brute_force(
 ) -> tuple[list[tuple[int, ...]], dict[tuple[int, ...], float]]:
     """Every prefix, ordered by the documented rule written out directly (no heap, no pruning)."""
     rows = logits_b.tolist()
-    log_z = torch.logsumexp(logits_b.float(), dim=-1).tolist()
+    logp = torch.log_softmax(logits_b.float(), dim=-1).tolist()
     vocab = len(rows[0])
-    logp = [[ref.f32(ref.f32(row[t]) - log_z[d]) for t in range(vocab)] for d, row in enumerate(rows)]
     rank = [{t: r for r, t in enumerate(ref.rank_tokens(row))} for row in rows]
     score: dict[tuple[int, ...], float] = {(): 0.0}
     position: dict[tuple[int, ...], int] = {(): 0}
@@ -433,7 +432,7 @@ def test_cuda_matches_heap_reference(ties: bool) -> None:
         tree = dt.build_trees(logits, budget)
         assert tree.tokens.is_cuda and tree.ancestor_mask.is_cuda
         for b in range(4):
-            heap = _oracle(logits[b], budget)  # log-sum-exp from the GPU, as the tree used
+            heap = _oracle(logits[b], budget)  # log-softmax from the GPU, as the tree used
             assert tree.tokens[b].tolist() == heap.tokens
             assert tree.parent[b].tolist() == heap.parents
             assert tree.scores[b].tolist() == heap.scores

@@ -14,8 +14,9 @@ Order of nodes (the tie-break rule)
 -----------------------------------
 Each depth ``d`` ranks its tokens by draft logit, larger first, and equal logits by token id,
 smaller first. A prefix's score is the float32 sum of its tokens' log-probabilities
-(``logit - logsumexp`` per depth), accumulated from the root: ``score(child) = score(parent) +
-logprob``. Node ``A`` comes before node ``B`` when, in this order of precedence:
+(``torch.log_softmax`` of the depth's logits in float32), accumulated from the root:
+``score(child) = score(parent) + logprob``. Node ``A`` comes before node ``B`` when, in this order
+of precedence:
 
 1. ``score(A) > score(B)``;
 2. ``depth(A) < depth(B)`` (shallower first: a token of probability 1 scores exactly as its
@@ -170,10 +171,8 @@ def _plan(num_depths: int, vocab: int, budget: int, device: torch.device) -> _Pl
     return plan
 
 
-def _ranked_top_tokens(
-    logits: torch.Tensor, k: int, slots: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top ``k`` tokens of each row of ``[R, V]`` by (logit desc, token id asc): values and ids ``[R, k]``.
+def _ranked_top_tokens(logits: torch.Tensor, k: int, slots: torch.Tensor) -> torch.Tensor:
+    """Ids ``[R, k]`` of the top ``k`` tokens of each row of ``[R, V]``, by (logit desc, token id asc).
 
     ``torch.topk`` does not specify which of several equal values it returns, so ties are settled
     here: the tokens tied with the k-th value are replaced by the smallest tied ids, then the k
@@ -183,7 +182,7 @@ def _ranked_top_tokens(
     values, ids = torch.topk(logits, k, dim=-1, largest=True, sorted=True)
     if k < vocab:
         device = logits.device
-        threshold = values[:, k - 1 :].contiguous()
+        threshold = values[:, k - 1 :]
         reversed_ids = _table(
             ("reversed_ids", vocab), lambda: torch.arange(vocab - 1, -1, -1, dtype=torch.int32), device
         )
@@ -194,8 +193,8 @@ def _ranked_top_tokens(
         ids = torch.where(slots < above, ids, from_ties)
     ids, perm = ids.sort(dim=-1)
     values = values.gather(-1, perm)
-    values, perm = values.sort(dim=-1, descending=True, stable=True)
-    return values, ids.gather(-1, perm)
+    perm = values.sort(dim=-1, descending=True, stable=True).indices
+    return ids.gather(-1, perm)
 
 
 def _check_build_args(draft_logits: torch.Tensor, budget: int) -> tuple[int, int, int]:
@@ -250,9 +249,9 @@ def build_trees(draft_logits: torch.Tensor, budget: int) -> DDTree:
     k = plan.k
 
     rows = draft_logits.reshape(batch * num_depths, vocab)
-    top_logits, top_ids = _ranked_top_tokens(rows, k, plan.slots[:k])
-    log_z = torch.logsumexp(rows.float(), dim=-1, keepdim=True)
-    top_logp = (top_logits.float() - log_z).view(batch, num_depths, k)
+    top_ids = _ranked_top_tokens(rows, k, plan.slots[:k])
+    top_logp = torch.log_softmax(rows, dim=-1, dtype=torch.float32).gather(1, top_ids)
+    top_logp = top_logp.view(batch, num_depths, k)
 
     # Per depth, its kept prefixes in the order of the module docstring: scores, and the position
     # of each in the depth's candidate list (decoded through plan.codes after the loop).
@@ -305,10 +304,10 @@ def _ancestor_mask(parent: torch.Tensor, num_depths: int) -> torch.Tensor:
     reach = torch.zeros(batch, n + 1, n + 1, dtype=torch.float32, device=parent.device)
     reach[:, 1:, :].scatter_(2, (parent + 1).unsqueeze(2), 1.0)
     reach.diagonal(dim1=1, dim2=2).fill_(1.0)
-    for _ in range(math.ceil(math.log2(num_depths)) if num_depths > 1 else 0):
-        reach = torch.bmm(reach, reach)
-        if num_depths > 64:
-            reach.clamp_(max=1.0)
+    if num_depths <= 64:
+        return torch.linalg.matrix_power(reach, 2 ** math.ceil(math.log2(num_depths))) > 0
+    for _ in range(math.ceil(math.log2(num_depths))):
+        reach = torch.bmm(reach, reach).clamp_(max=1.0)
     return reach > 0
 
 
