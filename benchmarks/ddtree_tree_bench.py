@@ -249,6 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ref-iters", type=int, default=20, help="timed steps of the reference")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--no-graph", action="store_true", help="skip the CUDA graph replay timing")
+    parser.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: 1 with --device cpu, where waking idle threads for small "
+        "ops costs more than they save; torch's default otherwise)",
+    )
     args = parser.parse_args(argv)
 
     if args.device == "auto":
@@ -256,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible to torch; use --device cpu")
+    threads = args.cpu_threads if args.cpu_threads is not None else (1 if device.type == "cpu" else None)
+    if threads is not None:
+        torch.set_num_threads(threads)
     torch.manual_seed(0)
 
     results = []
@@ -270,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {
         "benchmark": "ddtree_tree_bench",
-        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(
+            ["python3", "benchmarks/ddtree_tree_bench.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
         "device": torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else platform.processor() or "cpu",
