@@ -147,6 +147,7 @@ HEAP_CASES = [
     (2, 4, 3, 40),  # budget > vocab
     (2, 15, 5, 300),  # budget > vocab
     (4, 15, 1000, 1),  # budget 1
+    (2, 6, 1000, 100),  # candidates pruned before sorting (100 * 100 > 4096)
     (1, 1, 300, 200),  # one depth
     (2, 3, 2, 14),  # every prefix
 ]
@@ -166,6 +167,21 @@ def test_build_matches_heap_reference(batch: int, depth: int, vocab: int, budget
             assert tree.scores[b].tolist() == heap.scores
             assert tree.ancestor_mask[b].tolist() == ref.visibility(heap.parents)
             assert tree.position_offsets[b].tolist() == [0, *heap.depths]
+
+
+@pytest.mark.parametrize("budget", [100, 300])
+def test_build_matches_heap_reference_when_one_parent_takes_the_budget(budget: int) -> None:
+    # Depth 1 sure of one token, later depths nearly flat: the tree is that token and its
+    # children up to rank budget - 2, the far end of the (parent, rank) candidates kept per depth.
+    logits = _random_logits(7, 2, 4, 1000) * 0.003
+    logits[:, 0, 17] = 30.0
+    tree = dt.build_trees(logits, budget)
+    assert tree.depth[:, :3].tolist() == [[1, 2, 2], [1, 2, 2]]
+    assert max(tree.depth[0].tolist()) == 2
+    for b in range(2):
+        heap = _oracle(logits[b], budget)
+        assert tree.tokens[b].tolist() == heap.tokens
+        assert tree.parent[b].tolist() == heap.parents
 
 
 def test_output_dtypes_and_shapes() -> None:

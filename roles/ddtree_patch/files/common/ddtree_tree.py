@@ -116,19 +116,29 @@ def _pair_codes(n_prev: int, k: int, keep: int) -> list[int]:
     return [i * k + r for i in range(n_prev) for r in range(min(k, keep // (i + 1)))]
 
 
+# Candidate lists up to this size are sorted whole: on CUDA one sort kernel handles them, which is
+# cheaper than the extra launch that would prune them first.
+_SORT_WHOLE_MAX = 4096
+
+
 @dataclass(frozen=True)
 class _Plan:
-    """Everything about a build that depends only on (depth, vocab, budget): sizes and index tables."""
+    """Everything about a build that depends only on (depth, vocab, budget): sizes and index tables.
+
+    Entries are the kept prefixes of all depths, concatenated depth by depth; each entry is reached
+    from the sorted candidate list of its depth at position ``order``, and ``order + table_offset``
+    (the entry's depth's offset) indexes the candidate tables ``token_column`` and ``parent_entry``.
+    """
 
     k: int  # tokens ranked per depth
     sizes: tuple[int, ...]  # prefixes kept per depth
-    # Per depth d >= 1 (0-based) with pruning: the pair codes, on the device.
+    # Per depth d >= 1 (0-based) whose candidates are pruned: the kept pair codes, on the device.
     pairs: tuple[torch.Tensor | None, ...]
-    # All depths' pair codes (depth 0: ranks 0..k-1; unpruned depths: 0..n_prev*k-1), concatenated.
-    codes: torch.Tensor
-    # Per entry of the depth-by-depth concatenation of kept prefixes, four int64 columns:
-    # depth (1-based), depth index * k, 1 + offset of the parent depth's list (0 = root for depth 1),
-    # offset of the depth's table in ``codes``.
+    # Per candidate of every depth: index of its token in top_ids viewed as [B, D * k], and
+    # 1 + the entry index of its parent (0 = the root).
+    token_column: torch.Tensor
+    parent_entry: torch.Tensor
+    # Per entry: depth (1-based), table offset of its depth.
     entry_info: torch.Tensor
     slots: torch.Tensor  # arange(budget)
 
@@ -142,29 +152,34 @@ def _plan(num_depths: int, vocab: int, budget: int, device: torch.device) -> _Pl
     if plan is not None:
         return plan
     k = min(budget, vocab)
-    sizes, tables, prunes = [k], [list(range(k))], [False]
+    sizes, tables, pruned = [k], [list(range(k))], [False]
     for _ in range(1, num_depths):
         n_prev = sizes[-1]
-        prune = n_prev * k > budget
+        prune = n_prev * k > max(budget, _SORT_WHOLE_MAX)
         tables.append(_pair_codes(n_prev, k, budget) if prune else list(range(n_prev * k)))
         sizes.append(min(budget, n_prev * k))
-        prunes.append(prune)
+        pruned.append(prune)
+    token_column: list[int] = []
+    parent_entry: list[int] = []
     info: list[list[int]] = []
-    entry_start, table_start = 0, 0
-    prev_start = -1
-    for d, size in enumerate(sizes):
-        info.extend([d + 1, d * k, prev_start + 1, table_start] for _ in range(size))
+    entry_start, table_start, prev_start = 0, 0, -1
+    for d, (size, table) in enumerate(zip(sizes, tables, strict=True)):
+        token_column.extend(d * k + code % k for code in table)
+        parent_entry.extend(0 if d == 0 else prev_start + 1 + code // k for code in table)
+        info.extend([d + 1, table_start] for _ in range(size))
         prev_start, entry_start = entry_start, entry_start + size
-        table_start += len(tables[d])
+        table_start += len(table)
+
+    def on_device(values: list[int] | list[list[int]]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=device)
+
     plan = _Plan(
         k=k,
         sizes=tuple(sizes),
-        pairs=tuple(
-            torch.tensor(t, dtype=torch.int64, device=device) if pruned else None
-            for t, pruned in zip(tables, prunes, strict=True)
-        ),
-        codes=torch.tensor([c for t in tables for c in t], dtype=torch.int64, device=device),
-        entry_info=torch.tensor(info, dtype=torch.int64, device=device),
+        pairs=tuple(on_device(t) if p else None for t, p in zip(tables, pruned, strict=True)),
+        token_column=on_device(token_column),
+        parent_entry=on_device(parent_entry),
+        entry_info=on_device(info),
         slots=torch.arange(budget, device=device),
     )
     _PLANS[key] = plan
@@ -254,7 +269,7 @@ def build_trees(draft_logits: torch.Tensor, budget: int) -> DDTree:
     top_logp = top_logp.view(batch, num_depths, k)
 
     # Per depth, its kept prefixes in the order of the module docstring: scores, and the position
-    # of each in the depth's candidate list (decoded through plan.codes after the loop).
+    # of each in the sorted candidate list of its depth (decoded through the plan after the loop).
     level_scores = [top_logp[:, 0, :]]
     level_orders = [plan.slots[:k].expand(batch, k)]
     for d in range(1, num_depths):
@@ -270,14 +285,14 @@ def build_trees(draft_logits: torch.Tensor, budget: int) -> DDTree:
     # depth, then by position in the depth's list.
     sorted_scores, pick = torch.cat(level_scores, dim=1).sort(dim=1, descending=True, stable=True)
     pick = pick[:, :budget]
-    info = plan.entry_info[pick]  # [B, N, 4]
-    codes = plan.codes[torch.cat(level_orders, dim=1).gather(1, pick) + info[..., 3]]
-    tokens = top_ids.view(batch, num_depths * k).gather(1, info[..., 1] + codes % k)
+    info = plan.entry_info[pick]  # [B, N, 2]: depth, table offset
+    candidate = torch.cat(level_orders, dim=1).gather(1, pick) + info[..., 1]
+    tokens = top_ids.view(batch, num_depths * k).gather(1, plan.token_column[candidate])
 
     # Parent: its entry (1 + index in the concatenation, 0 = root) mapped to its node index.
     node_of_entry = torch.full((batch, 1 + sum(plan.sizes)), -1, dtype=torch.int64, device=pick.device)
     node_of_entry[:, 1:].scatter_(1, pick, plan.slots.expand(batch, budget))
-    parent = node_of_entry.gather(1, info[..., 2] + codes // k)
+    parent = node_of_entry.gather(1, plan.parent_entry[candidate])
 
     depth = info[..., 0]
     return DDTree(
