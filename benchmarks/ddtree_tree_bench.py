@@ -5,7 +5,7 @@ For each batch size and node budget, on the same random drafter logits ``[B, D, 
 
 - ``ours``: ``build_trees`` + ``walk_trees`` (roles/ddtree_patch/files/common/ddtree_tree.py) on
   the logits' device; timed eagerly (CUDA events around the step, GPU idle at its start) and, on
-  CUDA, also replayed from a CUDA graph captured once;
+  CUDA, also through ``GraphedTrees`` (input copies + replay of CUDA graphs captured once);
 - ``reference``: what the reference implementation does each step: top-k and log-softmax on the
   device, copy them to the host, best-first heap per request in Python, ancestor mask per request,
   copy the tree (tokens, positions, mask) back to the device, copy the target's tokens to the host
@@ -73,8 +73,15 @@ def _targets(tree: Any, vocab: int, p_follow: float, seed: int) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int64, device=tree.tokens.device)
 
 
-def reference_step(logits: torch.Tensor, budget: int, targets: torch.Tensor) -> tuple[list[Any], list[Any]]:
-    """One step the reference way; returns per request (tokens, parents) and (accepted, bonus)."""
+def reference_step(
+    logits: torch.Tensor, budget: int, targets: torch.Tensor, *, exact: bool = False
+) -> tuple[list[Any], list[Any]]:
+    """One step the reference way; returns per request (tokens, parents) and (accepted, bonus).
+
+    As the reference repository does it: top-k and log-probs on the device, one copy to the host,
+    a heap per request adding scores in double precision, the mask in numpy, the tree copied to the
+    device, the target's tokens copied to the host and walked through child maps.
+    """
     device = logits.device
     batch, _, vocab = logits.shape
     k = min(budget, vocab)
@@ -83,14 +90,13 @@ def reference_step(logits: torch.Tensor, budget: int, targets: torch.Tensor) -> 
     ids = top_ids.cpu().tolist()
     trees, device_trees = [], []
     for b in range(batch):
-        tree = ref.heap_tree(logp[b], ids[b], budget)
-        mask = ref.visibility(tree.parents)
+        tree = ref.heap_tree(logp[b], ids[b], budget, exact=exact)
         trees.append(tree)
         device_trees.append(
             (
-                torch.tensor(tree.tokens, device=device),
-                torch.tensor([0, *tree.depths], device=device),
-                torch.tensor(mask, device=device),
+                torch.tensor(tree.tokens).to(device),
+                torch.tensor([0, *tree.depths]).to(device),
+                torch.from_numpy(ref.visibility_np(tree.parents)).to(device),
             )
         )
     chosen = targets.cpu().tolist()
@@ -127,21 +133,6 @@ def _time_events(step: Callable[[], object], iters: int, warmup: int) -> list[fl
     return out
 
 
-def _graph_step(logits: torch.Tensor, budget: int, targets: torch.Tensor) -> tuple[Callable[[], None], Any]:
-    """Capture build + walk in a CUDA graph over static inputs; returns replay and the graph's outputs."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            dt.walk_trees(dt.build_trees(logits, budget), targets)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        tree = dt.build_trees(logits, budget)
-        walk = dt.walk_trees(tree, targets)
-    return graph.replay, (tree, walk)
-
-
 def _summary(samples: list[float]) -> dict[str, float]:
     return {
         "median_ms": round(statistics.median(samples), 4),
@@ -158,7 +149,8 @@ def bench_one(args: argparse.Namespace, device: torch.device, batch: int, budget
     targets = _targets(tree, args.vocab, args.p_follow, seed=budget)
     walk = dt.walk_trees(tree, targets)
 
-    ref_trees, ref_walks = reference_step(logits, budget, targets)
+    # Agreement with the exact oracle (float32 scores, as ours); the timed baseline adds in double.
+    ref_trees, ref_walks = reference_step(logits, budget, targets, exact=True)
     agree = all(
         tree.tokens[b].tolist() == ref_trees[b][0]
         and tree.parent[b].tolist() == ref_trees[b][1]
@@ -185,8 +177,13 @@ def bench_one(args: argparse.Namespace, device: torch.device, batch: int, budget
         result["ours_events"] = _summary(_time_events(ours, args.iters, args.warmup))
         if not args.no_graph:
             try:
-                replay, (g_tree, g_walk) = _graph_step(logits, budget, targets)
-                replay()
+                graphed = dt.GraphedTrees(batch, args.depth, args.vocab, budget, dtype=dtype, device=device)
+                g_tree, g_walk = graphed.build(logits), graphed.walk(targets)
+
+                def replay() -> None:
+                    graphed.build(logits)
+                    graphed.walk(targets)
+
                 result["graph_agree"] = bool(
                     torch.equal(g_tree.tokens, tree.tokens)
                     and torch.equal(g_tree.parent, tree.parent)
@@ -217,6 +214,8 @@ def bench_one(args: argparse.Namespace, device: torch.device, batch: int, budget
     result["walk"] = _summary(timer(walk_only))
     result["vocab_phase_ms"] = result["vocab_phase"]["median_ms"]
     result["walk_ms"] = result["walk"]["median_ms"]
+    baseline_trees, _ = reference_step(logits, budget, targets)
+    result["baseline_same_tree"] = baseline_trees == ref_trees
     result["reference_wall"] = _summary(
         _time_wall(lambda: reference_step(logits, budget, targets), device, args.ref_iters, 2)
     )

@@ -44,9 +44,15 @@ class HeapTree:
     scores: list[float]
 
 
-def heap_tree(logp: list[list[float]], ids: list[list[int]], budget: int) -> HeapTree:
-    """Best-first heap over ``logp[d][r]`` / ``ids[d][r]`` (depth ``d + 1``'s tokens in rank order)."""
+def heap_tree(logp: list[list[float]], ids: list[list[int]], budget: int, *, exact: bool = True) -> HeapTree:
+    """Best-first heap over ``logp[d][r]`` / ``ids[d][r]`` (depth ``d + 1``'s tokens in rank order).
+
+    ``exact``: round every score to float32 as the device code does (the oracle). ``False`` adds in
+    double precision like the reference repository (the benchmark baseline: same tree unless two
+    prefixes' scores differ by about one float32 rounding).
+    """
     num_depths, k = len(ids), len(ids[0])
+    rnd = f32 if exact else float
     tree = HeapTree(tokens=[], depths=[], parents=[], scores=[])
     # (negated score, depth, parent node index (-1 = root), rank, score)
     heap: list[tuple[float, int, int, int, float]] = [(-logp[0][0], 1, -1, 0, logp[0][0])]
@@ -59,10 +65,10 @@ def heap_tree(logp: list[list[float]], ids: list[list[int]], budget: int) -> Hea
         tree.scores.append(score)
         if rank + 1 < k:
             base = tree.scores[parent] if parent >= 0 else 0.0
-            sibling = f32(base + logp[depth - 1][rank + 1])
+            sibling = rnd(base + logp[depth - 1][rank + 1])
             heapq.heappush(heap, (-sibling, depth, parent, rank + 1, sibling))
         if depth < num_depths:
-            child = f32(score + logp[depth][0])
+            child = rnd(score + logp[depth][0])
             heapq.heappush(heap, (-child, depth + 1, node, 0, child))
     return tree
 
@@ -76,6 +82,18 @@ def visibility(parents: list[int]) -> list[list[bool]]:
         parent = parents[index - 1] + 1
         vis[index][:index] = vis[parent][:index]
         vis[index][index] = True
+    return vis
+
+
+def visibility_np(parents: list[int]) -> np.ndarray:
+    """The same mask as a numpy array, built as the reference repository builds it."""
+    n = len(parents) + 1
+    vis = np.zeros((n, n), dtype=np.bool_)
+    vis[0, 0] = True
+    for index in range(1, n):
+        parent = parents[index - 1] + 1
+        vis[index, :index] = vis[parent, :index]
+        vis[index, index] = True
     return vis
 
 

@@ -461,3 +461,23 @@ def test_cuda_matches_heap_reference(ties: bool) -> None:
             accepted, bonus = ref.walk(maps, targets[b])
             assert walk.accepted_nodes[b].tolist() == accepted + [-1] * (15 - len(accepted))
             assert walk.bonus_tokens[b].item() == bonus
+
+
+def test_graphed_trees_refuse_a_cpu_device() -> None:
+    with pytest.raises(ValueError, match="GraphedTrees needs a CUDA device, got cpu"):
+        dt.GraphedTrees(1, 15, 100, 16, device="cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_graphed_trees_match_eager_calls() -> None:
+    graphed = dt.GraphedTrees(4, 15, 248320, 64)
+    for seed in range(3):
+        logits = _random_logits(seed, 4, 15, 248320, ties=seed == 2).cuda()
+        eager = dt.build_trees(logits, 64)
+        tree = graphed.build(logits)
+        for name in ("tokens", "depth", "parent", "scores", "ancestor_mask", "position_offsets"):
+            assert torch.equal(getattr(tree, name), getattr(eager, name)), name
+        gen = torch.Generator().manual_seed(seed)
+        targets = torch.tensor([_targets_along_tree(eager, b, 248320, gen, 0.8) for b in range(4)]).cuda()
+        for got, want in zip(graphed.walk(targets), dt.walk_trees(eager, targets), strict=True):
+            assert torch.equal(got, want)

@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["DDTree", "TreeWalk", "build_trees", "walk_trees"]
+__all__ = ["DDTree", "GraphedTrees", "TreeWalk", "build_trees", "walk_trees"]
 
 
 @dataclass(frozen=True)
@@ -372,3 +372,68 @@ def walk_trees(tree: DDTree, target_tokens: torch.Tensor) -> TreeWalk:
         num_accepted=accepted.sum(dim=1),
         bonus_tokens=target_tokens.gather(1, last_entry).squeeze(1),
     )
+
+
+class GraphedTrees:
+    """``build_trees`` and ``walk_trees`` for one fixed shape, replayed from CUDA graphs.
+
+    An eager step launches about a hundred small kernels, and on a GPU their launch cost, not their
+    work, dominates. This captures both functions once (after a warmup on a side stream) and then
+    each call is one input copy plus one graph replay. Results are the same as the eager calls.
+
+    The returned tree and walk live in static buffers that the next ``build``/``walk`` overwrites:
+    copy what must outlive the step. ``walk`` walks the tree of the latest ``build``.
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        num_depths: int,
+        vocab: int,
+        budget: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cuda",
+        warmup: int = 2,
+    ) -> None:
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(
+                f"GraphedTrees needs a CUDA device, got {device}: call build_trees/walk_trees instead"
+            )
+        self._logits = torch.zeros(batch, num_depths, vocab, dtype=dtype, device=device)
+        _check_build_args(self._logits, budget)
+        self._targets = torch.zeros(batch, budget + 1, dtype=torch.int64, device=device)
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    walk_trees(build_trees(self._logits, budget), self._targets)
+            torch.cuda.current_stream().wait_stream(side)
+            self._build_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._build_graph):
+                self.tree = build_trees(self._logits, budget)
+            self._walk_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._walk_graph):
+                self.walk_result = walk_trees(self.tree, self._targets)
+
+    def build(self, draft_logits: torch.Tensor) -> DDTree:
+        """``build_trees(draft_logits, budget)`` for logits of the captured shape (any dtype is cast)."""
+        if draft_logits.shape != self._logits.shape:
+            raise ValueError(
+                f"draft_logits must be {list(self._logits.shape)}, got {list(draft_logits.shape)}"
+            )
+        self._logits.copy_(draft_logits)
+        self._build_graph.replay()
+        return self.tree
+
+    def walk(self, target_tokens: torch.Tensor) -> TreeWalk:
+        """``walk_trees(tree, target_tokens)`` on the tree of the latest ``build``."""
+        if target_tokens.shape != self._targets.shape:
+            raise ValueError(
+                f"target_tokens must be {list(self._targets.shape)}, got {list(target_tokens.shape)}"
+            )
+        self._targets.copy_(target_tokens)
+        self._walk_graph.replay()
+        return self.walk_result
