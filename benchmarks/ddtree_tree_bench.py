@@ -311,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['ratio']:>6.3f} {graph_ratio if graph_ratio is not None else '-':>6} | "
             f"{r['agree'] and r.get('graph_agree', True)}"
         )
+    for r in results:
+        if "graph_error" in r:
+            print(f"graph capture failed for B={r['batch']} budget={r['budget']}: {r['graph_error']}")
     print(
         "\nmedians per step; ours: CUDA events on a GPU, wall clock on CPU; goal <= 0.1x reference, <= 0.5 ms"
     )
