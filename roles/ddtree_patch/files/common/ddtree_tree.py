@@ -26,9 +26,12 @@ of precedence:
 
 Every node comes after its parent and after its better-ranked siblings, so a best-first heap keyed
 by this order pops nodes exactly in this order: the tree is the first ``budget`` prefixes of it,
-prefix-closed, numbered in that order (parents before children). The reference heap keys its
-entries by score only plus the tuple of ranks; it agrees with this order except between prefixes
-of exactly equal score.
+prefix-closed, numbered in that order (parents before children). The reference repository's heap
+breaks score ties by the tuple of ranks instead and adds scores in double precision: it builds the
+same tree except where two prefixes' scores tie or differ by about one float32 rounding.
+
+Inputs must hold no NaN and no ``+inf``, and each row at least one finite logit (``-inf`` is fine:
+such tokens have probability 0 and come last).
 """
 
 from __future__ import annotations
