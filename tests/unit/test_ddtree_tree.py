@@ -18,6 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the DDTree tree code needs torch (pip install torch)")
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ddtree_heap_reference as ref  # noqa: E402
 
 MODULE_PATH = Path(__file__).resolve().parents[2] / "roles/ddtree_patch/files/common/ddtree_tree.py"
