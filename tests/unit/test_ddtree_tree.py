@@ -399,6 +399,55 @@ def test_walk_keeps_the_target_dtype() -> None:
     assert walk.accepted_nodes.tolist() == [[0, 1, 4]]
 
 
+# --- no host round-trip -------------------------------------------------------------------------
+
+# Operators that hand a tensor's value to the host (or need its size from the data).
+HOST_SYNC_OPS = {
+    "aten._local_scalar_dense.default",  # .item(), int(t), float(t), bool(t)
+    "aten.is_nonzero.default",
+    "aten.nonzero.default",
+    "aten.masked_select.default",
+    "aten.equal.default",
+    "aten._unique2.default",
+    "aten.unique_consecutive.default",
+}
+
+
+def _operators(step) -> list[str]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record() as record:
+        step()
+    return record.names
+
+
+@pytest.mark.parametrize("budget", [16, 256])
+def test_steps_launch_a_fixed_sequence_of_operators_without_host_sync(budget: int) -> None:
+    def step(seed: int, batch: int, ties: bool):
+        logits = _random_logits(seed, batch, 15, 1000, ties=ties)
+        tree = dt.build_trees(logits, budget)
+        targets = torch.randint(0, 1000, (batch, budget + 1), generator=torch.Generator().manual_seed(seed))
+        targets[:, 0] = tree.tokens[:, 0]
+        return lambda: dt.walk_trees(dt.build_trees(logits, budget), targets)
+
+    warm = step(1, 1, False)
+    warm()  # shape-only index tables are built on the first call
+    first = _operators(warm)
+    assert not set(first) & HOST_SYNC_OPS
+    # The same operators whatever the batch size and the data: no loop depends on either.
+    assert _operators(step(2, 4, True)) == first
+    assert _operators(step(3, 2, False)) == first
+
+
 # --- bad input --------------------------------------------------------------------------------
 
 
