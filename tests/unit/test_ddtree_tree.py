@@ -1,8 +1,8 @@
-"""DDTree tree building and walking (roles/ddtree_patch/files/common/ddtree_tree.py), on CPU.
+"""DDTree tree building and walking (roles/ddtree_patch/files/common/ddtree_tree.py), on CPU and CUDA.
 
 Checked three ways: against brute force over every prefix of small vocabularies, against the
 paper's best-first heap (tests/unit/ddtree_heap_reference.py) on random logits, and on hand-written
-trees with literal expected tensors.
+trees with literal expected tensors. The CUDA tests run only where a GPU is present.
 """
 
 from __future__ import annotations
