@@ -247,9 +247,7 @@ def bench_graph(args: argparse.Namespace, device: torch.device, result: dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="write the results as JSON to this path")
     parser.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when present)")
     parser.add_argument("--vocab", type=int, default=248320, help="vocabulary size (Qwen3.6: 248320)")
@@ -337,9 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         if "graph_error" in r:
             print(f"graph capture failed for B={r['batch']} budget={r['budget']}: {r['graph_error']}")
-    print(
-        "\nmedians per step; ours: CUDA events on a GPU, wall clock on CPU; goal <= 0.1x reference, <= 0.5 ms"
-    )
+    print("\nmedians per step; ours: CUDA events on a GPU, wall clock on CPU; goal <= 0.1x reference, <= 0.5 ms")
     print("vocab ms: top-k ranking + log-softmax over the vocabulary (part of ours); walk ms: walk alone")
     print(f"wrote {args.out}")
     ok = all("error" not in r and r["agree"] and r.get("graph_agree", True) for r in results)

@@ -15,11 +15,10 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-torch = pytest.importorskip("torch", reason="the DDTree tree code needs torch (pip install torch)")
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ddtree_heap_reference as ref  # noqa: E402
+import ddtree_heap_reference as ref
 
 MODULE_PATH = Path(__file__).resolve().parents[2] / "roles/ddtree_patch/files/common/ddtree_tree.py"
 
@@ -68,9 +67,7 @@ def _oracle(logits_b: torch.Tensor, budget: int) -> ref.HeapTree:
     return ref.heap_tree(logp_k, ids, budget)
 
 
-def _brute_force(
-    logits_b: torch.Tensor, budget: int
-) -> tuple[list[tuple[int, ...]], dict[tuple[int, ...], float]]:
+def _brute_force(logits_b: torch.Tensor, budget: int) -> tuple[list[tuple[int, ...]], dict[tuple[int, ...], float]]:
     """Every prefix, ordered by the documented rule written out directly (no heap, no pruning)."""
     rows = logits_b.tolist()
     logp = torch.log_softmax(logits_b.float(), dim=-1).tolist()
@@ -115,9 +112,7 @@ BRUTE_CASES = [
 
 
 @pytest.mark.parametrize(("seed", "batch", "depth", "vocab", "budget", "ties"), BRUTE_CASES)
-def test_build_matches_brute_force(
-    seed: int, batch: int, depth: int, vocab: int, budget: int, ties: bool
-) -> None:
+def test_build_matches_brute_force(seed: int, batch: int, depth: int, vocab: int, budget: int, ties: bool) -> None:
     logits = _random_logits(seed, batch, depth, vocab, ties=ties)
     tree = dt.build_trees(logits, budget)
     assert tree.tokens.shape == (batch, budget)
@@ -365,9 +360,7 @@ def _targets_along_tree(tree, b: int, vocab: int, gen: torch.Generator, p_follow
     return out
 
 
-@pytest.mark.parametrize(
-    ("batch", "depth", "vocab", "budget"), [(4, 15, 50, 64), (3, 5, 3, 30), (2, 15, 1000, 16)]
-)
+@pytest.mark.parametrize(("batch", "depth", "vocab", "budget"), [(4, 15, 50, 64), (3, 5, 3, 30), (2, 15, 1000, 16)])
 @pytest.mark.parametrize("p_follow", [0.0, 0.7, 1.0])
 def test_walk_matches_naive_walk(batch: int, depth: int, vocab: int, budget: int, p_follow: float) -> None:
     gen = torch.Generator().manual_seed(budget)

@@ -227,9 +227,7 @@ def _check_build_args(draft_logits: torch.Tensor, budget: int) -> tuple[int, int
         raise ValueError(f"budget must be a positive int (number of tree nodes), got {budget!r}")
     batch, depth, vocab = (int(s) for s in draft_logits.shape)
     if depth < 1 or vocab < 1:
-        raise ValueError(
-            f"draft_logits needs at least one draft position and one token, got {draft_logits.shape}"
-        )
+        raise ValueError(f"draft_logits needs at least one draft position and one token, got {draft_logits.shape}")
     total = 0
     for d in range(1, depth + 1):
         total += vocab**d
@@ -401,9 +399,7 @@ class GraphedTrees:
     ) -> None:
         device = torch.device(device)
         if device.type != "cuda":
-            raise ValueError(
-                f"GraphedTrees needs a CUDA device, got {device}: call build_trees/walk_trees instead"
-            )
+            raise ValueError(f"GraphedTrees needs a CUDA device, got {device}: call build_trees/walk_trees instead")
         self._logits = torch.zeros(batch, num_depths, vocab, dtype=dtype, device=device)
         _check_build_args(self._logits, budget)
         self._targets = torch.zeros(batch, budget + 1, dtype=torch.int64, device=device)
@@ -424,9 +420,7 @@ class GraphedTrees:
     def build(self, draft_logits: torch.Tensor) -> DDTree:
         """``build_trees(draft_logits, budget)`` for logits of the captured shape (any dtype is cast)."""
         if draft_logits.shape != self._logits.shape:
-            raise ValueError(
-                f"draft_logits must be {list(self._logits.shape)}, got {list(draft_logits.shape)}"
-            )
+            raise ValueError(f"draft_logits must be {list(self._logits.shape)}, got {list(draft_logits.shape)}")
         self._logits.copy_(draft_logits)
         self._build_graph.replay()
         return self.tree
@@ -434,9 +428,7 @@ class GraphedTrees:
     def walk(self, target_tokens: torch.Tensor) -> TreeWalk:
         """``walk_trees(tree, target_tokens)`` on the tree of the latest ``build``."""
         if target_tokens.shape != self._targets.shape:
-            raise ValueError(
-                f"target_tokens must be {list(self._targets.shape)}, got {list(target_tokens.shape)}"
-            )
+            raise ValueError(f"target_tokens must be {list(self._targets.shape)}, got {list(target_tokens.shape)}")
         self._targets.copy_(target_tokens)
         self._walk_graph.replay()
         return self.walk_result
