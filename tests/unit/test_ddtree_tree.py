@@ -16,6 +16,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ddtree_heap_reference as ref
@@ -412,8 +413,6 @@ HOST_SYNC_OPS = {
 
 
 def _operators(step) -> list[str]:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     class Record(TorchDispatchMode):
         def __init__(self) -> None:
             super().__init__()
