@@ -14,8 +14,9 @@ Order of nodes (the tie-break rule)
 -----------------------------------
 Each depth ``d`` ranks its tokens by draft logit, larger first, and equal logits by token id,
 smaller first. A prefix's score is the float32 sum of its tokens' log-probabilities
-(``logit - logsumexp`` per depth), accumulated from the root: ``score(child) = score(parent) +
-logprob``. Node ``A`` comes before node ``B`` when, in this order of precedence:
+(``torch.log_softmax`` of the depth's logits in float32), accumulated from the root:
+``score(child) = score(parent) + logprob``. Node ``A`` comes before node ``B`` when, in this order
+of precedence:
 
 1. ``score(A) > score(B)``;
 2. ``depth(A) < depth(B)`` (shallower first: a token of probability 1 scores exactly as its
@@ -25,9 +26,12 @@ logprob``. Node ``A`` comes before node ``B`` when, in this order of precedence:
 
 Every node comes after its parent and after its better-ranked siblings, so a best-first heap keyed
 by this order pops nodes exactly in this order: the tree is the first ``budget`` prefixes of it,
-prefix-closed, numbered in that order (parents before children). The reference heap keys its
-entries by score only plus the tuple of ranks; it agrees with this order except between prefixes
-of exactly equal score.
+prefix-closed, numbered in that order (parents before children). The reference repository's heap
+breaks score ties by the tuple of ranks instead and adds scores in double precision: it builds the
+same tree except where two prefixes' scores tie or differ by about one float32 rounding.
+
+Inputs must hold no NaN and no ``+inf``, and each row at least one finite logit (``-inf`` is fine:
+such tokens have probability 0 and come last).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["DDTree", "TreeWalk", "build_trees", "walk_trees"]
+__all__ = ["DDTree", "GraphedTrees", "TreeWalk", "build_trees", "walk_trees"]
 
 
 @dataclass(frozen=True)
@@ -115,19 +119,29 @@ def _pair_codes(n_prev: int, k: int, keep: int) -> list[int]:
     return [i * k + r for i in range(n_prev) for r in range(min(k, keep // (i + 1)))]
 
 
+# Candidate lists up to this size are sorted whole: on CUDA one sort kernel handles them, which is
+# cheaper than the extra launch that would prune them first.
+_SORT_WHOLE_MAX = 4096
+
+
 @dataclass(frozen=True)
 class _Plan:
-    """Everything about a build that depends only on (depth, vocab, budget): sizes and index tables."""
+    """Everything about a build that depends only on (depth, vocab, budget): sizes and index tables.
+
+    Entries are the kept prefixes of all depths, concatenated depth by depth; each entry is reached
+    from the sorted candidate list of its depth at position ``order``, and ``order + table_offset``
+    (the entry's depth's offset) indexes the candidate tables ``token_column`` and ``parent_entry``.
+    """
 
     k: int  # tokens ranked per depth
     sizes: tuple[int, ...]  # prefixes kept per depth
-    # Per depth d >= 1 (0-based) with pruning: the pair codes, on the device.
+    # Per depth d >= 1 (0-based) whose candidates are pruned: the kept pair codes, on the device.
     pairs: tuple[torch.Tensor | None, ...]
-    # All depths' pair codes (depth 0: ranks 0..k-1; unpruned depths: 0..n_prev*k-1), concatenated.
-    codes: torch.Tensor
-    # Per entry of the depth-by-depth concatenation of kept prefixes, four int64 columns:
-    # depth (1-based), depth index * k, 1 + offset of the parent depth's list (0 = root for depth 1),
-    # offset of the depth's table in ``codes``.
+    # Per candidate of every depth: index of its token in top_ids viewed as [B, D * k], and
+    # 1 + the entry index of its parent (0 = the root).
+    token_column: torch.Tensor
+    parent_entry: torch.Tensor
+    # Per entry: depth (1-based), table offset of its depth.
     entry_info: torch.Tensor
     slots: torch.Tensor  # arange(budget)
 
@@ -141,37 +155,42 @@ def _plan(num_depths: int, vocab: int, budget: int, device: torch.device) -> _Pl
     if plan is not None:
         return plan
     k = min(budget, vocab)
-    sizes, tables, prunes = [k], [list(range(k))], [False]
+    sizes, tables, pruned = [k], [list(range(k))], [False]
     for _ in range(1, num_depths):
         n_prev = sizes[-1]
-        prune = n_prev * k > budget
+        prune = n_prev * k > max(budget, _SORT_WHOLE_MAX)
         tables.append(_pair_codes(n_prev, k, budget) if prune else list(range(n_prev * k)))
         sizes.append(min(budget, n_prev * k))
-        prunes.append(prune)
+        pruned.append(prune)
+    token_column: list[int] = []
+    parent_entry: list[int] = []
     info: list[list[int]] = []
-    entry_start, table_start = 0, 0
-    prev_start = -1
-    for d, size in enumerate(sizes):
-        info.extend([d + 1, d * k, prev_start + 1, table_start] for _ in range(size))
+    entry_start, table_start, prev_start = 0, 0, -1
+    for d, (size, table) in enumerate(zip(sizes, tables, strict=True)):
+        token_column.extend(d * k + code % k for code in table)
+        parent_entry.extend(0 if d == 0 else prev_start + 1 + code // k for code in table)
+        info.extend([d + 1, table_start] for _ in range(size))
         prev_start, entry_start = entry_start, entry_start + size
-        table_start += len(tables[d])
+        table_start += len(table)
+
+    def on_device(values: list[int] | list[list[int]]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=device)
+
     plan = _Plan(
         k=k,
         sizes=tuple(sizes),
-        pairs=tuple(
-            torch.tensor(t, dtype=torch.int64, device=device) if pruned else None
-            for t, pruned in zip(tables, prunes, strict=True)
-        ),
-        codes=torch.tensor([c for t in tables for c in t], dtype=torch.int64, device=device),
-        entry_info=torch.tensor(info, dtype=torch.int64, device=device),
+        pairs=tuple(on_device(t) if p else None for t, p in zip(tables, pruned, strict=True)),
+        token_column=on_device(token_column),
+        parent_entry=on_device(parent_entry),
+        entry_info=on_device(info),
         slots=torch.arange(budget, device=device),
     )
     _PLANS[key] = plan
     return plan
 
 
-def _ranked_top_tokens(logits: torch.Tensor, k: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top ``k`` tokens of each row of ``[R, V]`` by (logit desc, token id asc): values and ids ``[R, k]``.
+def _ranked_top_tokens(logits: torch.Tensor, k: int, slots: torch.Tensor) -> torch.Tensor:
+    """Ids ``[R, k]`` of the top ``k`` tokens of each row of ``[R, V]``, by (logit desc, token id asc).
 
     ``torch.topk`` does not specify which of several equal values it returns, so ties are settled
     here: the tokens tied with the k-th value are replaced by the smallest tied ids, then the k
@@ -181,7 +200,7 @@ def _ranked_top_tokens(logits: torch.Tensor, k: int, slots: torch.Tensor) -> tup
     values, ids = torch.topk(logits, k, dim=-1, largest=True, sorted=True)
     if k < vocab:
         device = logits.device
-        threshold = values[:, k - 1 :].contiguous()
+        threshold = values[:, k - 1 :]
         reversed_ids = _table(
             ("reversed_ids", vocab), lambda: torch.arange(vocab - 1, -1, -1, dtype=torch.int32), device
         )
@@ -192,8 +211,8 @@ def _ranked_top_tokens(logits: torch.Tensor, k: int, slots: torch.Tensor) -> tup
         ids = torch.where(slots < above, ids, from_ties)
     ids, perm = ids.sort(dim=-1)
     values = values.gather(-1, perm)
-    values, perm = values.sort(dim=-1, descending=True, stable=True)
-    return values, ids.gather(-1, perm)
+    perm = values.sort(dim=-1, descending=True, stable=True).indices
+    return ids.gather(-1, perm)
 
 
 def _check_build_args(draft_logits: torch.Tensor, budget: int) -> tuple[int, int, int]:
@@ -246,12 +265,12 @@ def build_trees(draft_logits: torch.Tensor, budget: int) -> DDTree:
     k = plan.k
 
     rows = draft_logits.reshape(batch * num_depths, vocab)
-    top_logits, top_ids = _ranked_top_tokens(rows, k, plan.slots[:k])
-    log_z = torch.logsumexp(rows.float(), dim=-1, keepdim=True)
-    top_logp = (top_logits.float() - log_z).view(batch, num_depths, k)
+    top_ids = _ranked_top_tokens(rows, k, plan.slots[:k])
+    top_logp = torch.log_softmax(rows, dim=-1, dtype=torch.float32).gather(1, top_ids)
+    top_logp = top_logp.view(batch, num_depths, k)
 
     # Per depth, its kept prefixes in the order of the module docstring: scores, and the position
-    # of each in the depth's candidate list (decoded through plan.codes after the loop).
+    # of each in the sorted candidate list of its depth (decoded through the plan after the loop).
     level_scores = [top_logp[:, 0, :]]
     level_orders = [plan.slots[:k].expand(batch, k)]
     for d in range(1, num_depths):
@@ -267,14 +286,14 @@ def build_trees(draft_logits: torch.Tensor, budget: int) -> DDTree:
     # depth, then by position in the depth's list.
     sorted_scores, pick = torch.cat(level_scores, dim=1).sort(dim=1, descending=True, stable=True)
     pick = pick[:, :budget]
-    info = plan.entry_info[pick]  # [B, N, 4]
-    codes = plan.codes[torch.cat(level_orders, dim=1).gather(1, pick) + info[..., 3]]
-    tokens = top_ids.view(batch, num_depths * k).gather(1, info[..., 1] + codes % k)
+    info = plan.entry_info[pick]  # [B, N, 2]: depth, table offset
+    candidate = torch.cat(level_orders, dim=1).gather(1, pick) + info[..., 1]
+    tokens = top_ids.view(batch, num_depths * k).gather(1, plan.token_column[candidate])
 
     # Parent: its entry (1 + index in the concatenation, 0 = root) mapped to its node index.
     node_of_entry = torch.full((batch, 1 + sum(plan.sizes)), -1, dtype=torch.int64, device=pick.device)
     node_of_entry[:, 1:].scatter_(1, pick, plan.slots.expand(batch, budget))
-    parent = node_of_entry.gather(1, info[..., 2] + codes // k)
+    parent = node_of_entry.gather(1, plan.parent_entry[candidate])
 
     depth = info[..., 0]
     return DDTree(
@@ -301,10 +320,10 @@ def _ancestor_mask(parent: torch.Tensor, num_depths: int) -> torch.Tensor:
     reach = torch.zeros(batch, n + 1, n + 1, dtype=torch.float32, device=parent.device)
     reach[:, 1:, :].scatter_(2, (parent + 1).unsqueeze(2), 1.0)
     reach.diagonal(dim1=1, dim2=2).fill_(1.0)
-    for _ in range(math.ceil(math.log2(num_depths)) if num_depths > 1 else 0):
-        reach = torch.bmm(reach, reach)
-        if num_depths > 64:
-            reach.clamp_(max=1.0)
+    if num_depths <= 64:
+        return torch.linalg.matrix_power(reach, 2 ** math.ceil(math.log2(num_depths))) > 0
+    for _ in range(math.ceil(math.log2(num_depths))):
+        reach = torch.bmm(reach, reach).clamp_(max=1.0)
     return reach > 0
 
 
@@ -354,3 +373,62 @@ def walk_trees(tree: DDTree, target_tokens: torch.Tensor) -> TreeWalk:
         num_accepted=accepted.sum(dim=1),
         bonus_tokens=target_tokens.gather(1, last_entry).squeeze(1),
     )
+
+
+class GraphedTrees:
+    """``build_trees`` and ``walk_trees`` for one fixed shape, replayed from CUDA graphs.
+
+    An eager step launches about a hundred small kernels, and on a GPU their launch cost, not their
+    work, dominates. This captures both functions once (after a warmup on a side stream) and then
+    each call is one input copy plus one graph replay. Results are the same as the eager calls.
+
+    The returned tree and walk live in static buffers that the next ``build``/``walk`` overwrites:
+    copy what must outlive the step. ``walk`` walks the tree of the latest ``build``.
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        num_depths: int,
+        vocab: int,
+        budget: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cuda",
+        warmup: int = 2,
+    ) -> None:
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"GraphedTrees needs a CUDA device, got {device}: call build_trees/walk_trees instead")
+        self._logits = torch.zeros(batch, num_depths, vocab, dtype=dtype, device=device)
+        _check_build_args(self._logits, budget)
+        self._targets = torch.zeros(batch, budget + 1, dtype=torch.int64, device=device)
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    walk_trees(build_trees(self._logits, budget), self._targets)
+            torch.cuda.current_stream().wait_stream(side)
+            self._build_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._build_graph):
+                self.tree = build_trees(self._logits, budget)
+            self._walk_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._walk_graph):
+                self.walk_result = walk_trees(self.tree, self._targets)
+
+    def build(self, draft_logits: torch.Tensor) -> DDTree:
+        """``build_trees(draft_logits, budget)`` for logits of the captured shape (any dtype is cast)."""
+        if draft_logits.shape != self._logits.shape:
+            raise ValueError(f"draft_logits must be {list(self._logits.shape)}, got {list(draft_logits.shape)}")
+        self._logits.copy_(draft_logits)
+        self._build_graph.replay()
+        return self.tree
+
+    def walk(self, target_tokens: torch.Tensor) -> TreeWalk:
+        """``walk_trees(tree, target_tokens)`` on the tree of the latest ``build``."""
+        if target_tokens.shape != self._targets.shape:
+            raise ValueError(f"target_tokens must be {list(self._targets.shape)}, got {list(target_tokens.shape)}")
+        self._targets.copy_(target_tokens)
+        self._walk_graph.replay()
+        return self.walk_result
