@@ -102,6 +102,11 @@ patch_state:
   type: str
   returned: always
   sample: present
+check_mode:
+  description: Whether this run only reported what it would change.
+  type: bool
+  returned: always
+  sample: false
 record_path:
   description: JSON record of the last change written beside the venv.
   type: str
@@ -155,6 +160,7 @@ def run(module: AnsibleModule) -> dict:
         "changed_files": the_plan.changed_paths,
         "patch_state": params["state"],
         "record_path": record_path,
+        "check_mode": module.check_mode,
     }
     if module._diff:
         result["diff"] = [unified_diff(a.path, a.before, a.after) for a in the_plan.actions if a.changes]
