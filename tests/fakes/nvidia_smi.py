@@ -9,9 +9,10 @@ Installed as /usr/bin/nvidia-smi on lab nodes. What it answers comes from:
   in the repository): query-gpu.csv (header with units), query-apps.csv, nvidia-smi.txt,
   nvidia-smi-q.txt (optional), driver.txt, topo.txt (optional);
 - holders: JSON files in /run/lab-fakes/gpu-holders/ written by the stand-in engines while they run,
-  {"pid": 123, "gpus": [0], "mib": 2426, "name": "python3"} ("mib" per GPU; no "gpus" means all).
+  {"pid": 123, "gpus": [0], "mib": 2426, "name": "sglang"} ("mib" per GPU; no "gpus" means all).
   Files whose pid is no longer alive are ignored. A holder adds its memory to memory.used, takes it
-  from memory.free, and shows up in --query-compute-apps and the process table.
+  from memory.free, and shows up in --query-compute-apps and the process table under the process's
+  argv[0], as real nvidia-smi shows it (the file's "name" only if /proc/PID/cmdline is unreadable).
 
 Faults ("fault" in gpu.json), with the texts and exit codes real nvidia-smi 580.159.04 prints:
 
@@ -167,8 +168,20 @@ def live_holders(gpu_count: int) -> list[dict]:
         gpus = data.get("gpus")
         indices = list(range(gpu_count)) if gpus is None else [int(i) for i in gpus]
         indices = [i for i in indices if 0 <= i < gpu_count]
-        holders.append({"pid": pid, "mib": mib, "gpus": indices, "name": str(data.get("name", "python3"))})
+        holders.append({"pid": pid, "mib": mib, "gpus": indices, "name": process_name(pid, data)})
     return holders
+
+
+def process_name(pid: int, data: dict) -> str:
+    """What real nvidia-smi shows as the process name: the process's argv[0] (e.g. /usr/bin/python3).
+
+    The holder file's "name" is used only when the process's command line cannot be read.
+    """
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        argv0 = ""
+    return argv0 or str(data.get("name", "python3"))
 
 
 def parse_format(spec: str | None) -> tuple[bool, bool]:
@@ -250,9 +263,7 @@ def list_gpus(fixture: Fixture) -> str:
 
 def version(fixture: Fixture) -> str:
     text = fixture.text("driver.txt") or ""
-    lines = [
-        line for line in text.splitlines() if re.match(r"(NVIDIA-SMI|NVML|DRIVER|CUDA) [Vv]ersion\s+:", line)
-    ]
+    lines = [line for line in text.splitlines() if re.match(r"(NVIDIA-SMI|NVML|DRIVER|CUDA) [Vv]ersion\s+:", line)]
     return "".join(line + "\n" for line in lines)
 
 
@@ -388,9 +399,7 @@ def parse_args(argv: list[str]) -> dict[str, str | bool | None]:
     if "format" in opts and not ("query-gpu" in opts or "query-compute-apps" in opts):
         raise unrecognised(f"--format={opts['format']}")
     if "id" in opts and opts.get("list"):
-        raise Exit(
-            "ERROR: Option -i is not valid for this command. Please run 'nvidia-smi -h' for help.\n\n", 2
-        )
+        raise Exit("ERROR: Option -i is not valid for this command. Please run 'nvidia-smi -h' for help.\n\n", 2)
     return opts
 
 

@@ -42,9 +42,7 @@ class Node:
             LAB_FAKES_NVIDIA_SMI_FIXTURES=str(FIXTURES),
             LAB_FAKES_GPU_HOLDERS=str(self.holders),
         )
-        res = subprocess.run(
-            [sys.executable, str(FAKE), *args], env=env, capture_output=True, text=True, check=False
-        )
+        res = subprocess.run([sys.executable, str(FAKE), *args], env=env, capture_output=True, text=True, check=False)
         return res.stdout + res.stderr, res.returncode
 
 
@@ -120,14 +118,23 @@ def test_a_live_holder_uses_memory_and_shows_as_compute_app(node):
     assert rc == 0
     assert out == (
         "pid, process_name, used_gpu_memory [MiB], gpu_uuid\n"
-        f"{pid}, python3, 3380 MiB, GPU-d7591872-da88-51cf-78ae-7109632ee706\n"
+        f"{pid}, sleep, 3380 MiB, GPU-d7591872-da88-51cf-78ae-7109632ee706\n"
     )
     out, rc = node.run("--query-gpu=index,memory.used,memory.free", "--format=csv,noheader,nounits")
     assert (out, rc) == ("0, 0, 143156\n1, 3380, 139776\n", 0)
     table, _ = node.run()
     assert "|    3380MiB / 143771MiB |" in table
-    assert f"|    1   N/A  N/A{pid:>16}      C   python3" in table
+    assert f"|    1   N/A  N/A{pid:>16}      C   sleep      " in table
     assert "No running processes found" not in table
+
+
+def test_process_name_is_argv0_like_real_nvidia_smi(node):
+    proc = subprocess.Popen(["/bin/sleep", "60"])
+    node.procs.append(proc)
+    data = {"pid": proc.pid, "gpus": [0], "mib": 100, "name": "sglang"}
+    (node.holders / "sglang.json").write_text(json.dumps(data))
+    out, rc = node.run("--query-compute-apps=pid,process_name", "--format=csv,noheader")
+    assert (out, rc) == (f"{proc.pid}, /bin/sleep\n", 0)
 
 
 def test_a_dead_holder_is_ignored(node):

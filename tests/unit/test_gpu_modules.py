@@ -69,11 +69,9 @@ class Node:
         )
         base = self.proc / str(proc.pid)
         (base / "fd").mkdir(parents=True)
-        (base / "comm").write_text("python3\n")
+        (base / "comm").write_text("sleep\n")
         (base / "cgroup").write_text(f"0::/system.slice/{unit}\n")
-        for fd, target in enumerate(
-            ["/dev/nvidiactl", f"/dev/nvidia{gpu}", "/dev/nvidia-uvm", "/dev/null"], 3
-        ):
+        for fd, target in enumerate(["/dev/nvidiactl", f"/dev/nvidia{gpu}", "/dev/nvidia-uvm", "/dev/null"], 3):
             os.symlink(target, base / "fd" / str(fd))
         return proc.pid
 
@@ -157,7 +155,7 @@ def test_engine_holding_the_gpu_is_found_with_its_unit(tmp_path, monkeypatch, ca
         assert result["holders"]["compute_apps"] == [
             {
                 "pid": pid,
-                "process_name": "python3",
+                "process_name": "sleep",
                 "used_memory_mib": 3380,
                 "gpu_uuid": "GPU-d7591872-da88-51cf-78ae-7109632ee706",
             }
@@ -165,7 +163,7 @@ def test_engine_holding_the_gpu_is_found_with_its_unit(tmp_path, monkeypatch, ca
         assert result["holders"]["local"] == [
             {
                 "pid": pid,
-                "comm": "python3",
+                "comm": "sleep",
                 "unit": "sglang-qwen.service",
                 "devices": ["/dev/nvidia-uvm", "/dev/nvidia1", "/dev/nvidiactl"],
             }
@@ -176,7 +174,7 @@ def test_engine_holding_the_gpu_is_found_with_its_unit(tmp_path, monkeypatch, ca
         assert held["checks"]["memory_used"] == [
             "GPU 1 already has 3380 MiB in use (at most 1024 MiB may be in use before the swap), "
             f"held by pid {pid} "
-            "(python3, unit sglang-qwen.service): stop these first; only the engine being replaced (none "
+            "(sleep, unit sglang-qwen.service): stop these first; only the engine being replaced (none "
             "named) may hold the GPUs."
         ]
     finally:
@@ -241,8 +239,7 @@ def test_missing_uvm_node(node, capsys):
 
 def test_kernel_module_and_userspace_differ(node, capsys):
     node.kernel.write_text(
-        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.126.09  Release Build  "
-        "(dvs-builder@U16)\n"
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.126.09  Release Build  (dvs-builder@U16)\n"
     )
     result = run(nvidia_gpu_facts, node.args(), capsys)
     assert result["checks"]["driver"] == [
@@ -253,9 +250,7 @@ def test_kernel_module_and_userspace_differ(node, capsys):
 
 def test_no_kernel_module(node, capsys):
     result = run(nvidia_gpu_facts, node.args(driver_version_path=str(node.tmp / "absent")), capsys)
-    assert result["checks"]["driver"][0].startswith(
-        f"{node.tmp}/absent cannot be read: the NVIDIA kernel module"
-    )
+    assert result["checks"]["driver"][0].startswith(f"{node.tmp}/absent cannot be read: the NVIDIA kernel module")
 
 
 def test_cuda_probe_that_cannot_init_is_a_problem(node, capsys):
@@ -300,9 +295,7 @@ def host(tmp_path):
     return tmp_path
 
 
-def lxc_config(
-    host: Path, entries: list[str], allow: tuple[str, ...] = ("c 195:* rwm", "c 238:* rwm")
-) -> Path:
+def lxc_config(host: Path, entries: list[str], allow: tuple[str, ...] = ("c 195:* rwm", "c 238:* rwm")) -> Path:
     lines = ["lxc.include = /usr/share/lxc/config/common.conf"]
     lines += [f"lxc.cgroup2.devices.allow = {a}" for a in allow]
     lines += [f"lxc.mount.entry = {host}/hostdev/{e} dev/{e} none bind,create=file" for e in entries]
@@ -335,14 +328,10 @@ def test_container_config_without_uvm_allow_fails(host, capsys):
         "lxc.mount.entry for /dev/nvidia-uvm (line 5) binds device 238:0 but no lxc.cgroup2.devices.allow "
         "line allows it"
     )
-    assert result["warnings_found"] == [
-        "The container config does not pass /dev/nvidia-uvm-tools (profilers need it)."
-    ]
+    assert result["warnings_found"] == ["The container config does not pass /dev/nvidia-uvm-tools (profilers need it)."]
 
 
 def test_unreadable_container_config_fails_with_where_it_looked(host, capsys):
     result = run(lxc_gpu_config, {"config_path": str(host / "nope.conf")}, capsys)
     assert result["failed"] is True
-    assert result["msg"].startswith(
-        f"Cannot read the container config {host}/nope.conf on this host (No such file"
-    )
+    assert result["msg"].startswith(f"Cannot read the container config {host}/nope.conf on this host (No such file")

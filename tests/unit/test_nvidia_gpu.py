@@ -61,9 +61,7 @@ def test_header_and_units_are_tolerated():
             "utilization.gpu": "0",
         }
     ]
-    nounits = ng.parse_csv(
-        (EXTRA / "query-gpu-nounits.csv").read_text(), ("index", "memory.total", "memory.used")
-    )
+    nounits = ng.parse_csv((EXTRA / "query-gpu-nounits.csv").read_text(), ("index", "memory.total", "memory.used"))
     assert nounits == [{"index": "0", "memory.total": "143771", "memory.used": "0"}]
 
 
@@ -126,8 +124,7 @@ def test_versions_from_the_real_driver_capture():
             "535.183.01",
         ),
         (
-            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  "
-            "(dvs-builder@U16)",
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  (dvs-builder@U16)",
             "570.86.15",
         ),
         ("GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)", None),
@@ -176,9 +173,7 @@ def test_device_listing_from_the_real_capture():
     ],
 )
 def test_failures_are_classified(fixture, rc, kind, says):
-    result = ng.classify_nvidia_smi_failure(
-        (EXTRA / fixture).read_text(), rc, "/usr/bin/nvidia-smi", "580.159.04"
-    )
+    result = ng.classify_nvidia_smi_failure((EXTRA / fixture).read_text(), rc, "/usr/bin/nvidia-smi", "580.159.04")
     assert result["kind"] == kind
     assert says in result["message"]
 
@@ -216,12 +211,9 @@ def test_cuda_init_results():
     missing_uvm = ng.cuda_init_result(999, False)
     assert missing_uvm["ok"] is False
     assert missing_uvm["message"].startswith(
-        "CUDA cannot initialise in this node: cuInit returned 999 (CUDA_ERROR_UNKNOWN). /dev/nvidia-uvm is "
-        "missing"
+        "CUDA cannot initialise in this node: cuInit returned 999 (CUDA_ERROR_UNKNOWN). /dev/nvidia-uvm is missing"
     )
-    assert ng.cuda_init_result(100, True)["message"].endswith(
-        "No GPU device node is usable in this container."
-    )
+    assert ng.cuda_init_result(100, True)["message"].endswith("No GPU device node is usable in this container.")
 
 
 # --------------------------------------------------------------------------- device nodes
@@ -362,9 +354,7 @@ def test_each_threshold_fails_when_it_must():
         "GPU 0 (NVIDIA H200) has 143771 MiB of memory, less than the ",
         "GPU 1 (NVIDIA H200) has 143771 MiB of memory, less than the ",
     ]
-    assert result["compute_capability"][0].startswith(
-        "GPU 0 (NVIDIA H200) has compute capability 9.0, below the 10.0"
-    )
+    assert result["compute_capability"][0].startswith("GPU 0 (NVIDIA H200) has compute capability 9.0, below the 10.0")
     assert result["memory_used"] == [
         "GPU 0 already has 70000 MiB in use (at most 1024 MiB may be in use before the swap) and no process "
         "in this container holds it: another container or the Proxmox host is using this GPU. Find it on "
@@ -476,9 +466,7 @@ def test_proxmox_dev_lines_pass_and_snapshots_are_ignored():
 
 
 def test_optional_mount_entry_warns():
-    text = LXC_CONFIG.replace(
-        "dev/nvidia0 none bind,create=file", "dev/nvidia0 none bind,optional,create=file"
-    )
+    text = LXC_CONFIG.replace("dev/nvidia0 none bind,create=file", "dev/nvidia0 none bind,optional,create=file")
     result = ng.check_container_config(ng.parse_lxc_config(text), HOST, gpu_count=1, uvm_major=238)
     assert result["problems"] == []
     assert result["warnings"] == [
@@ -489,9 +477,7 @@ def test_optional_mount_entry_warns():
 
 
 def test_missing_allow_missing_uvm_and_too_few_gpus_fail():
-    text = "\n".join(
-        line for line in LXC_CONFIG.splitlines() if "238:*" not in line and "dev/nvidia-uvm " not in line
-    )
+    text = "\n".join(line for line in LXC_CONFIG.splitlines() if "238:*" not in line and "dev/nvidia-uvm " not in line)
     result = ng.check_container_config(ng.parse_lxc_config(text), HOST, gpu_count=2, uvm_major=238)
     assert result["problems"] == [
         "lxc.mount.entry for /dev/nvidia-uvm-tools (line 6) binds device 238:1 but no "
