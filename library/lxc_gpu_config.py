@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import os
-import stat
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.nvidia_gpu import check_container_config, parse_lxc_config, parse_proc_devices
+from ansible.module_utils.nvidia_gpu_probe import stat_node
 
 DOCUMENTATION = r"""
 ---
@@ -109,16 +107,6 @@ def build_module() -> AnsibleModule:
         },
         supports_check_mode=True,
     )
-
-
-def stat_node(path: str) -> dict | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    if not stat.S_ISCHR(info.st_mode):
-        return {"char": False, "major": None, "minor": None}
-    return {"char": True, "major": os.major(info.st_rdev), "minor": os.minor(info.st_rdev)}
 
 
 def main() -> None:

@@ -487,9 +487,7 @@ def evaluate_thresholds(facts: dict[str, Any], limits: dict[str, Any]) -> dict[s
                 continue  # the engine being replaced holds it; the swap frees it
             limit = f"at most {max_used} MiB may be in use before the swap"
             if foreign:
-                who = ", ".join(
-                    f"pid {h['pid']} ({h.get('comm')}, unit {h.get('unit') or 'none'})" for h in foreign
-                )
+                who = ", ".join(f"pid {h['pid']} ({h.get('comm')}, unit {h.get('unit') or 'none'})" for h in foreign)
                 result["memory_used"].append(
                     f"GPU {gpu['index']} already has {used} MiB in use ({limit}), held by {who}: stop "
                     "these first; only the engine being replaced "
