@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "tests" / "fakes" / "nvidia_smi.py"
 FIXTURES = REPO / "tests" / "fixtures" / "nvidia-smi"
-EXTRA = FIXTURES / "extra"
+EXTRA = FIXTURES.parent / "nvidia-smi-extra"
 ALL_FIELDS = "index,name,uuid,pci.bus_id,driver_version,memory.total,memory.used,memory.free,compute_cap"
 
 

@@ -47,7 +47,7 @@ class Node:
             if name.startswith("nvidia") and name[6:].isdigit() and int(name[6:]) >= gpus:
                 continue
             mknod(self.dev / name, major, minor)
-        (self.proc / "devices").write_text((FIXTURES / "extra" / "proc-devices.txt").read_text())
+        (self.proc / "devices").write_text((FIXTURES.parent / "nvidia-smi-extra" / "proc-devices.txt").read_text())
         self.kernel = tmp / "version"
         self.kernel.write_text("".join(KERNEL_580_159))
         self.state = tmp / "gpu.json"
@@ -291,7 +291,7 @@ def host(tmp_path):
     dev.mkdir()
     for name, (major, minor) in NODES.items():
         mknod(dev / name, major, minor)
-    (tmp_path / "devices").write_text((FIXTURES / "extra" / "proc-devices.txt").read_text())
+    (tmp_path / "devices").write_text((FIXTURES.parent / "nvidia-smi-extra" / "proc-devices.txt").read_text())
     return tmp_path
 
 

@@ -10,7 +10,7 @@ from ansible.module_utils import nvidia_gpu as ng
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
 X1 = FIXTURES / "h200-x1"
 X2 = FIXTURES / "h200-x2"
-EXTRA = FIXTURES / "extra"
+EXTRA = FIXTURES.parent / "nvidia-smi-extra"
 
 H200_X1_GPU0 = {
     "index": 0,
