@@ -1,0 +1,98 @@
+"""Inventory validation that runs before any host is contacted (site.yml's first play).
+
+The roles' own argument specs are the source of truth for variable names and types, so a typo
+(`service_swap_num_speculative_token`), a boolean written as a string ("yes") or a number in
+quotes is reported by name before anything changes, in one sentence per problem.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Variables that existed once and were removed or renamed: name -> what to do instead.
+REMOVED: dict[str, str] = {}
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "bool": (bool,),
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "path": (str,),
+    "raw": (object,),
+    "list": (list, tuple),
+    "dict": (dict, Mapping),
+}
+
+
+def load_specs(roles_dir: str) -> dict[str, dict[str, Any]]:
+    """Every role's entry-point options, flattened to {variable name: option spec}."""
+    specs: dict[str, dict[str, Any]] = {}
+    for path in sorted(Path(roles_dir).glob("*/meta/argument_specs.yml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        for entry in (data.get("argument_specs") or {}).values():
+            for name, opt in (entry.get("options") or {}).items():
+                specs[name] = dict(opt or {}, role=path.parts[-3])
+    return specs
+
+
+def _is_string_bool(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() in ("yes", "no", "true", "false", "on", "off")
+
+
+def type_problem(name: str, value: Any, spec: Mapping[str, Any]) -> str | None:
+    """One sentence if `value` cannot be what the role's argument spec says `name` is."""
+    want = spec.get("type", "str")
+    if value is None:
+        return None
+    if want == "bool" and _is_string_bool(value):
+        return f"{name} is the string {value!r}; write it without quotes ({value.strip().lower()}) so it is a boolean."
+    if want in ("int", "float") and isinstance(value, bool):
+        return f"{name} must be a number, not the boolean {value}."
+    if want in ("int", "float") and isinstance(value, str):
+        return f"{name} is the string {value!r}; it must be a number: write it without quotes."
+    if not isinstance(value, _TYPES.get(want, (object,))):
+        return f"{name} must be a {want}, but the inventory gives {type(value).__name__} {value!r}."
+    choices = spec.get("choices")
+    if choices and value not in choices:
+        return f"{name} is {value!r}; it must be one of: {', '.join(map(str, choices))}."
+    return None
+
+
+def inventory_problems(
+    hostvars: Mapping[str, Any],
+    host: str,
+    roles_dir: str,
+    removed: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Every problem with one host's variables, each as a sentence an operator can act on."""
+    specs = load_specs(roles_dir)
+    prefixes = tuple(sorted({f"{spec['role']}_" for spec in specs.values()}))
+    removed = REMOVED if removed is None else removed
+    problems: list[str] = []
+    if not hostvars.get("ansible_host") and host not in ("localhost", "127.0.0.1"):
+        problems.append("no ansible_host: give the node's address in the inventory.")
+    for name in sorted(hostvars):
+        if name in removed:
+            problems.append(f"{name} is no longer used: {removed[name]}")
+            continue
+        if not name.startswith(prefixes) or name.startswith("_"):
+            continue
+        if name not in specs:
+            close = difflib.get_close_matches(name, list(specs), n=1)
+            hint = f" Did you mean {close[0]}?" if close else ""
+            problems.append(f"{name} is not a variable of any role.{hint}")
+            continue
+        problem = type_problem(name, hostvars[name], specs[name])
+        if problem:
+            problems.append(problem)
+    return [f"{host}: {p}" for p in problems]
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"inventory_problems": inventory_problems}

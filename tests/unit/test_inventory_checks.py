@@ -1,0 +1,80 @@
+"""site.yml's first play: inventory problems found from the roles' argument specs."""
+
+from pathlib import Path
+
+import pytest
+from inventory_checks import inventory_problems, load_specs, type_problem
+
+SPEC = """\
+argument_specs:
+  main:
+    options:
+      demo_role_enabled: {type: bool}
+      demo_role_port: {type: int}
+      demo_role_method: {type: str, choices: [dflash, ddtree]}
+      demo_role_paths: {type: list, elements: str}
+"""
+
+
+@pytest.fixture
+def roles(tmp_path: Path) -> str:
+    meta = tmp_path / "demo_role" / "meta"
+    meta.mkdir(parents=True)
+    (meta / "argument_specs.yml").write_text(SPEC)
+    return str(tmp_path)
+
+
+def test_specs_are_read_per_role(roles: str) -> None:
+    specs = load_specs(roles)
+    assert sorted(specs) == ["demo_role_enabled", "demo_role_method", "demo_role_paths", "demo_role_port"]
+    assert specs["demo_role_port"] == {"type": "int", "role": "demo_role"}
+
+
+def test_a_good_host_has_no_problems(roles: str) -> None:
+    hv = {
+        "ansible_host": "10.0.0.5",
+        "demo_role_enabled": True,
+        "demo_role_port": 8000,
+        "demo_role_method": "ddtree",
+        "demo_role_paths": ["/a"],
+        "other_var": "x",
+    }
+    assert inventory_problems(hv, "gpu1", roles) == []
+
+
+def test_every_problem_is_one_sentence_naming_the_host(roles: str) -> None:
+    hv = {
+        "demo_role_enabled": "yes",
+        "demo_role_port": "8000",
+        "demo_role_method": "eagle",
+        "demo_role_paths": "/a",
+        "demo_role_portt": 1,
+    }
+    assert inventory_problems(hv, "gpu1", roles) == [
+        "gpu1: no ansible_host: give the node's address in the inventory.",
+        "gpu1: demo_role_enabled is the string 'yes'; write it without quotes (yes) so it is a boolean.",
+        "gpu1: demo_role_method is 'eagle'; it must be one of: dflash, ddtree.",
+        "gpu1: demo_role_paths must be a list, but the inventory gives str '/a'.",
+        "gpu1: demo_role_port is the string '8000'; it must be a number: write it without quotes.",
+        "gpu1: demo_role_portt is not a variable of any role. Did you mean demo_role_port?",
+    ]
+
+
+def test_removed_variables_say_what_to_do(roles: str) -> None:
+    hv = {"ansible_host": "h", "old_flag": True}
+    problems = inventory_problems(hv, "gpu1", roles, removed={"old_flag": "use demo_role_enabled instead."})
+    assert problems == ["gpu1: old_flag is no longer used: use demo_role_enabled instead."]
+
+
+@pytest.mark.parametrize(
+    ("value", "spec", "expected"),
+    [
+        (True, {"type": "int"}, "x must be a number, not the boolean True."),
+        (3, {"type": "float"}, None),
+        (None, {"type": "int"}, None),
+        ({"a": 1}, {"type": "dict"}, None),
+        ("no", {"type": "str"}, None),
+    ],
+)
+def test_type_rules(value, spec, expected) -> None:
+    assert type_problem("x", value, spec) == expected
