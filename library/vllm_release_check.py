@@ -163,9 +163,7 @@ def run(module: AnsibleModule) -> None:
     else:
         fixes = patch_fixes_for(p["version"], p["ddtree_patch"])
     if p["num_speculative_tokens"] is not None and p["num_speculative_tokens"] < 1:
-        module.fail_json(
-            msg=f"num_speculative_tokens is {p['num_speculative_tokens']}; it must be at least 1"
-        )
+        module.fail_json(msg=f"num_speculative_tokens is {p['num_speculative_tokens']}; it must be at least 1")
     findings = evaluate(
         Request(
             version=p["version"],
@@ -196,9 +194,7 @@ def run(module: AnsibleModule) -> None:
         module.warn(finding.message)
     if result["refusals"]:
         count = len(result["refusals"])
-        head = (
-            f"vLLM {p['version']} is refused for this deployment ({count} reason{'s' if count > 1 else ''})"
-        )
+        head = f"vLLM {p['version']} is refused for this deployment ({count} reason{'s' if count > 1 else ''})"
         module.fail_json(msg=head + ": " + " | ".join(result["refusals"]), **result)
     module.exit_json(**result)
 

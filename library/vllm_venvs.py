@@ -114,9 +114,7 @@ def run(module: AnsibleModule) -> None:
     if removed and not module.check_mode:
         for path in removed:
             shutil.rmtree(path)
-    remaining = sorted(
-        (e for e in entries if e not in doomed), key=lambda e: parse_version(e.version), reverse=True
-    )
+    remaining = sorted((e for e in entries if e not in doomed), key=lambda e: parse_version(e.version), reverse=True)
     result = {
         "changed": bool(removed),
         "removed": removed,

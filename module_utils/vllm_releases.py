@@ -98,8 +98,7 @@ BUGS: dict[str, KnownBug] = {
         ),
         KnownBug(
             "sliding_silent_full",
-            "drafter layers marked sliding_attention run as full non-causal attention: "
-            "collapsed acceptance, no error",
+            "drafter layers marked sliding_attention run as full non-causal attention: collapsed acceptance, no error",
             ("vllm-project/vllm#40898",),
         ),
         KnownBug(
@@ -114,8 +113,7 @@ BUGS: dict[str, KnownBug] = {
         ),
         KnownBug(
             "gdn_prefix_caching",
-            "prefix caching with speculative decoding corrupts output on GDN hybrid targets "
-            "(still open in 0.28)",
+            "prefix caching with speculative decoding corrupts output on GDN hybrid targets (still open in 0.28)",
             ("vllm-project/vllm#47194",),
         ),
         KnownBug(
@@ -337,8 +335,7 @@ def evaluate(req: Request) -> list[Finding]:
         return [
             _refuse(
                 "unknown-method",
-                f"speculative method {req.method!r} is not one this project deploys; "
-                f"use one of {', '.join(METHODS)}",
+                f"speculative method {req.method!r} is not one this project deploys; use one of {', '.join(METHODS)}",
             )
         ]
     try:
@@ -553,9 +550,7 @@ DFLASH_IMPORTS: tuple[tuple[str, str], ...] = (
     ("vllm.v1.spec_decode.dflash", "DFlashProposer"),
     ("vllm.model_executor.models.qwen3_dflash", "DFlashQwen3ForCausalLM"),
 )
-TREE_IMPORTS: tuple[tuple[str, str], ...] = (
-    ("vllm.v1.attention.backends.tree_attn", "TreeAttentionBackend"),
-)
+TREE_IMPORTS: tuple[tuple[str, str], ...] = (("vllm.v1.attention.backends.tree_attn", "TreeAttentionBackend"),)
 
 
 def requirements_for(method: str) -> tuple[tuple[str, str], ...]:
@@ -575,9 +570,7 @@ def imports_for(method: str) -> tuple[tuple[str, str], ...]:
 
 
 # 0.22.0's fix (vllm-project/vllm#40727): ``i + 1 for i in (dflash_config.get("target_layer_ids") ...``
-_AUX_FIX_RE = re.compile(
-    r"i\s*\+\s*1\s+for\s+i\s+in\s+\(?\s*dflash_config\.get\(\s*[\"']target_layer_ids[\"']"
-)
+_AUX_FIX_RE = re.compile(r"i\s*\+\s*1\s+for\s+i\s+in\s+\(?\s*dflash_config\.get\(\s*[\"']target_layer_ids[\"']")
 _TORCH_PIN_RE = re.compile(r"^Requires-Dist:\s*torch\s*==\s*([0-9][0-9A-Za-z.+]*)\s*(;.*)?$", re.M)
 _VERSION_LINE_RE = re.compile(r"^Version:\s*(\S+)\s*$", re.M)
 

@@ -89,9 +89,7 @@ def test_release_check_patch_fixes_override(capsys) -> None:
         capsys,
     )
     assert failed is True
-    assert [f["code"] for f in result["findings"] if f["level"] == "refuse"] == [
-        "sliding-drafter-silent-full"
-    ]
+    assert [f["code"] for f in result["findings"] if f["level"] == "refuse"] == ["sliding-drafter-silent-full"]
 
 
 def test_release_check_rejects_unknown_patch_fixes(capsys) -> None:
@@ -100,15 +98,12 @@ def test_release_check_rejects_unknown_patch_fixes(capsys) -> None:
     )
     assert failed is True
     assert result["msg"] == (
-        "patch_fixes names magic, which ddtree_patch does not fix; use only aux_layer_offset, "
-        "sliding_drafter, ddtree"
+        "patch_fixes names magic, which ddtree_patch does not fix; use only aux_layer_offset, sliding_drafter, ddtree"
     )
 
 
 def test_release_check_rejects_zero_speculative_tokens(capsys) -> None:
-    failed, result = run_module(
-        vllm_release_check, {"version": "0.30.0", "num_speculative_tokens": 0}, capsys
-    )
+    failed, result = run_module(vllm_release_check, {"version": "0.30.0", "num_speculative_tokens": 0}, capsys)
     assert failed is True
     assert result["msg"] == "num_speculative_tokens is 0; it must be at least 1"
 
@@ -353,9 +348,7 @@ def test_vllm_venvs_module_prunes_for_real_and_in_check_mode(tmp_path: Path, cap
 
 
 def test_vllm_venvs_module_refuses_bad_input(tmp_path: Path, capsys) -> None:
-    failed, result = run_module(
-        vllm_venvs_module, {"root": str(tmp_path), "current": "0.22.0", "keep": 0}, capsys
-    )
+    failed, result = run_module(vllm_venvs_module, {"root": str(tmp_path), "current": "0.22.0", "keep": 0}, capsys)
     assert failed is True
     assert result["msg"] == "keep is 0; it must be at least 1 (the current venv)"
     failed, result = run_module(vllm_venvs_module, {"root": str(tmp_path), "current": "main"}, capsys)

@@ -51,9 +51,7 @@ def req(version: str, method: str = "dflash", **kw: object) -> Request:
         ("0.33.0", "2.14.0", True, True, "v2_runner", False),
     ],
 )
-def test_table_rows(
-    version: str, torch: str, dflash: bool, aux: bool | None, sliding: str, tree: bool
-) -> None:
+def test_table_rows(version: str, torch: str, dflash: bool, aux: bool | None, sliding: str, tree: bool) -> None:
     row = find_release(version)
     assert row is not None
     assert (row.torch, row.dflash, row.aux_offset_fixed, row.sliding, row.tree_attention) == (
@@ -100,8 +98,7 @@ def test_bad_method_is_refused() -> None:
         {
             "level": "refuse",
             "code": "unknown-method",
-            "message": "speculative method 'eagle3' is not one this project deploys; "
-            "use one of dflash, ddtree",
+            "message": "speculative method 'eagle3' is not one this project deploys; use one of dflash, ddtree",
         }
     ]
 
@@ -206,17 +203,13 @@ def test_sliding_drafter_silently_full_is_refused() -> None:
 
 
 def test_sliding_drafter_on_0201_with_the_patch_is_a_warning() -> None:
-    assert ("warn", "sliding-drafter-patched") in codes(
-        req("0.20.1", sliding_drafter=True, patch_fixes=ALL_FIXES)
-    )
+    assert ("warn", "sliding-drafter-patched") in codes(req("0.20.1", sliding_drafter=True, patch_fixes=ALL_FIXES))
     assert refusals(evaluate(req("0.20.1", sliding_drafter=True, patch_fixes=ALL_FIXES))) == []
 
 
 def test_sliding_drafter_patch_without_sliding_fix_is_refused() -> None:
     fixes = frozenset({"aux_layer_offset", "ddtree"})
-    assert ("refuse", "sliding-drafter-silent-full") in codes(
-        req("0.20.1", sliding_drafter=True, patch_fixes=fixes)
-    )
+    assert ("refuse", "sliding-drafter-silent-full") in codes(req("0.20.1", sliding_drafter=True, patch_fixes=fixes))
 
 
 def test_sliding_drafter_refused_by_0250_is_refused_before_install() -> None:
@@ -237,22 +230,16 @@ def test_full_attention_drafter_is_fine_where_sliding_layers_are_not() -> None:
 def test_dflash_in_target_path_on_0210() -> None:
     found = codes(req("0.21.0", target_path="/opt/models/Qwen3-DFlash-target"))
     assert ("refuse", "dflash-in-target-path") in found
-    assert ("refuse", "dflash-in-target-path") not in codes(
-        req("0.21.0", target_path="/opt/models/Qwen3.6-27B")
-    )
+    assert ("refuse", "dflash-in-target-path") not in codes(req("0.21.0", target_path="/opt/models/Qwen3.6-27B"))
     assert ("refuse", "dflash-in-target-path") not in codes(req("0.22.0", target_path="/opt/dflash/t"))
 
 
 def test_gdn_spec_token_cap_from_0280() -> None:
     found = codes(req("0.28.0", hybrid_target=True, num_speculative_tokens=15))
     assert found[0] == ("refuse", "gdn-spec-tokens")
-    assert ("refuse", "gdn-spec-tokens") not in codes(
-        req("0.28.0", hybrid_target=True, num_speculative_tokens=7)
-    )
+    assert ("refuse", "gdn-spec-tokens") not in codes(req("0.28.0", hybrid_target=True, num_speculative_tokens=7))
     assert ("refuse", "gdn-spec-tokens") not in codes(req("0.28.0", num_speculative_tokens=15))
-    assert ("refuse", "gdn-spec-tokens") not in codes(
-        req("0.26.0", hybrid_target=True, num_speculative_tokens=15)
-    )
+    assert ("refuse", "gdn-spec-tokens") not in codes(req("0.26.0", hybrid_target=True, num_speculative_tokens=15))
 
 
 def test_ddtree_on_hybrid_target_warns_it_runs_the_chain() -> None:
@@ -339,9 +326,7 @@ def test_detect_the_0201_shape() -> None:
     files = dict(DFLASH_FILES)
     files["vllm/v1/attention/backends/tree_attn.py"] = "class TreeAttentionBackend(A):\n"
     files["vllm/v1/worker/gpu_model_runner.py"] = 'layer_ids = dflash_config.get("target_layer_ids")\n'
-    assert detect_features(_tree(files), METADATA) == Detected(
-        "0.20.1", "2.11.0", True, False, "silent_full", True
-    )
+    assert detect_features(_tree(files), METADATA) == Detected("0.20.1", "2.11.0", True, False, "silent_full", True)
 
 
 def test_detect_the_aux_fix_and_sliding_refusal() -> None:
@@ -350,8 +335,7 @@ def test_detect_the_aux_fix_and_sliding_refusal() -> None:
         'layer_ids = [\n    i + 1 for i in (dflash_config.get("target_layer_ids") or [])\n]\n'
     )
     files["vllm/model_executor/models/qwen3_dflash.py"] += (
-        "layer_types = x\n"
-        "raise NotImplementedError('DFlash does not yet support mixed sliding/full attention')\n"
+        "layer_types = x\nraise NotImplementedError('DFlash does not yet support mixed sliding/full attention')\n"
     )
     found = detect_features(_tree(files), None)
     assert (found.aux_offset_fixed, found.sliding) == (True, "refuses")
