@@ -59,10 +59,6 @@ options:
   num_speculative_tokens:
     description: Draft tokens per step, where known.
     type: int
-  target_path:
-    description: The target model's directory on the node.
-    type: str
-    default: ""
   allow_unknown:
     description: Install a release the knowledge base does not know, with a warning instead of a refusal.
     type: bool
@@ -141,7 +137,6 @@ ARGUMENT_SPEC = {
     "ddtree_patch": {"type": "bool", "default": False},
     "patch_fixes": {"type": "list", "elements": "str"},
     "num_speculative_tokens": {"type": "int"},
-    "target_path": {"type": "str", "default": ""},
     "allow_unknown": {"type": "bool", "default": False},
 }
 
@@ -172,7 +167,6 @@ def run(module: AnsibleModule) -> None:
             sliding_drafter=p["sliding_drafter"],
             patch_fixes=fixes,
             num_speculative_tokens=p["num_speculative_tokens"],
-            target_path=p["target_path"],
             allow_unknown=p["allow_unknown"],
         )
     )

@@ -128,11 +128,6 @@ BUGS: dict[str, KnownBug] = {
             (),
         ),
         KnownBug(
-            "dflash_in_target_path",
-            "a target model path containing 'dflash' is mistaken for a DFlash drafter",
-            (),
-        ),
-        KnownBug(
             "gdn_spec_8_tokens",
             "the fused GDN speculative kernel covers at most 8 query tokens (num_speculative_tokens <= 7)",
             (),
@@ -179,7 +174,6 @@ RELEASES: tuple[Release, ...] = (
             "sliding_silent_full",
             "tree_attention_removed",
             "concurrency_collapse",
-            "dflash_in_target_path",
             *_DFLASH_BUGS_BEFORE_030,
         ),
         verified=("0.21.0",),
@@ -299,7 +293,6 @@ class Request:
     # Fixes this project's ddtree_patch change set will apply to this release (empty: none).
     patch_fixes: frozenset[str] = field(default_factory=frozenset)
     num_speculative_tokens: int | None = None
-    target_path: str = ""
     allow_unknown: bool = False
 
 
@@ -456,16 +449,6 @@ def evaluate(req: Request) -> list[Finding]:
                     "or it refuses to start",
                 )
             )
-
-    if "dflash_in_target_path" in row.bugs and "dflash" in req.target_path.lower():
-        findings.append(
-            _refuse(
-                "dflash-in-target-path",
-                f"vLLM {vtext} mistakes a target whose path contains 'dflash' ({req.target_path}) "
-                "for a DFlash drafter; move or symlink the target to a path without 'dflash', "
-                "or pick 0.22.0 or later",
-            )
-        )
 
     if (
         req.hybrid_target

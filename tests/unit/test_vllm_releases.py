@@ -227,13 +227,6 @@ def test_full_attention_drafter_is_fine_where_sliding_layers_are_not() -> None:
     assert refusals(evaluate(req("0.25.0"))) == []
 
 
-def test_dflash_in_target_path_on_0210() -> None:
-    found = codes(req("0.21.0", target_path="/opt/models/Qwen3-DFlash-target"))
-    assert ("refuse", "dflash-in-target-path") in found
-    assert ("refuse", "dflash-in-target-path") not in codes(req("0.21.0", target_path="/opt/models/Qwen3.6-27B"))
-    assert ("refuse", "dflash-in-target-path") not in codes(req("0.22.0", target_path="/opt/dflash/t"))
-
-
 def test_gdn_spec_token_cap_from_0280() -> None:
     found = codes(req("0.28.0", hybrid_target=True, num_speculative_tokens=15))
     assert found[0] == ("refuse", "gdn-spec-tokens")
@@ -266,7 +259,6 @@ def test_the_projects_deployment_passes_with_warnings_only() -> None:
             sliding_drafter=True,
             patch_fixes=ALL_FIXES,
             num_speculative_tokens=15,
-            target_path="/opt/models/Qwen3.6-27B",
         )
     )
     assert refusals(findings) == []
@@ -280,12 +272,11 @@ def test_the_projects_deployment_passes_with_warnings_only() -> None:
 
 
 def test_several_refusals_are_all_reported() -> None:
-    found = codes(req("0.21.0", method="ddtree", sliding_drafter=True, target_path="/m/dflash"))
+    found = codes(req("0.21.0", method="ddtree", sliding_drafter=True))
     assert [c for lvl, c in found if lvl == "refuse"] == [
         "ddtree-unavailable",
         "aux-layer-offset",
         "sliding-drafter-silent-full",
-        "dflash-in-target-path",
     ]
 
 
