@@ -204,7 +204,7 @@ def list_venvs(root: str) -> list[VenvEntry]:
             VenvEntry(
                 version=name,
                 path=path,
-                complete=bool(marker) and marker.get("version") == name.split("+", 1)[0],
+                complete=bool(marker) and marker.get("version") == name,
                 installed_at=str(marker.get("installed_at", "")) if marker else "",
             )
         )

@@ -354,3 +354,13 @@ def test_vllm_venvs_module_refuses_bad_input(tmp_path: Path, capsys) -> None:
     failed, result = run_module(vllm_venvs_module, {"root": str(tmp_path), "current": "main"}, capsys)
     assert failed is True
     assert result["msg"].startswith("current: vLLM version 'main' is not a plain release number")
+
+
+def test_list_venvs_reads_local_version_labels_and_ignores_other_names(tmp_path: Path) -> None:
+    _install(tmp_path, "0.20.1+cu130", "a")
+    _install(tmp_path, "0.22.0", "b", marker=False)
+    (tmp_path / "current-build").mkdir()
+    assert list_venvs(str(tmp_path)) == [
+        VenvEntry("0.20.1+cu130", str(tmp_path / "0.20.1+cu130"), True, "a"),
+        VenvEntry("0.22.0", str(tmp_path / "0.22.0"), False, ""),
+    ]
