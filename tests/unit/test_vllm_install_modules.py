@@ -65,7 +65,7 @@ def test_release_check_passes_the_projects_deployment_with_warnings(capsys) -> N
         "gdn-prefix-caching",
         "fa3-aot-cuda-graphs",
     ]
-    assert len(result["warnings"]) == 5
+    assert len(result["warnings_found"]) == 5
 
 
 def test_release_check_fails_with_every_refusal(capsys) -> None:
