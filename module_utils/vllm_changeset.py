@@ -450,7 +450,9 @@ def plan(changeset: ChangeSet, site_packages: str, state: str) -> Plan:
 
 
 def _atomic_write(target: Path, data: bytes, mode: int) -> None:
+    """Replace ``target`` in one rename, keeping its owner (a new file takes its directory's owner)."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    ref = (target if target.exists() else target.parent).stat()
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -458,6 +460,8 @@ def _atomic_write(target: Path, data: bytes, mode: int) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, mode)
+        if os.geteuid() == 0 and (ref.st_uid, ref.st_gid) != (os.getuid(), os.getgid()):
+            os.chown(tmp, ref.st_uid, ref.st_gid)
         os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):

@@ -163,6 +163,24 @@ def test_patched_sources_carry_the_fixes(venv):
     assert "+ seq_idx * qq_bias_stride_seq" in kernel
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing owners needs root")
+def test_owners_and_modes_are_kept(venv):
+    """vllm_install's venvs belong to the service user: patched and added files stay theirs."""
+    site = site_of(venv)
+    for path in [site, *site.rglob("*")]:
+        os.chown(path, 4242, 4343)
+    runner = site / "vllm/v1/worker/gpu_model_runner.py"
+    runner.chmod(0o640)
+    cs.execute(cs.plan(changeset(), str(site), cs.PRESENT))
+    for name in TOUCHED + ADDED:
+        st = (site / name).stat()
+        assert (st.st_uid, st.st_gid) == (4242, 4343), name
+    assert runner.stat().st_mode & 0o777 == 0o640
+    assert (site / "vllm/v1/spec_decode/ddtree.py").stat().st_mode & 0o777 == 0o644
+    cs.execute(cs.plan(changeset(), str(site), cs.ABSENT))
+    assert (runner.stat().st_uid, runner.stat().st_mode & 0o777) == (4242, 0o640)
+
+
 def test_tampered_file_is_refused_and_nothing_changes(venv):
     site = site_of(venv)
     victim = site / "vllm/v1/spec_decode/dflash.py"
