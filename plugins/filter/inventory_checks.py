@@ -35,7 +35,7 @@ def load_specs(roles_dir: str) -> dict[str, dict[str, Any]]:
     specs: dict[str, dict[str, Any]] = {}
     files = [(p, p.parts[-3]) for p in sorted(Path(roles_dir).glob("*/meta/argument_specs.yml"))]
     # The rollout's own variables sit beside the playbooks that read them.
-    rollout = Path(roles_dir).parent / "playbooks" / "rollout_argument_specs.yml"
+    rollout = Path(roles_dir).parent / "playbooks" / "vars" / "rollout_argument_specs.yml"
     if rollout.exists():
         files.append((rollout, "rollout"))
     for path, owner in files:

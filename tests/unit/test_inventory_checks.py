@@ -84,8 +84,8 @@ def test_type_rules(value, spec, expected) -> None:
 
 def test_the_rollout_variables_are_checked_from_their_spec_beside_the_playbooks(tmp_path: Path) -> None:
     (tmp_path / "roles").mkdir()
-    (tmp_path / "playbooks").mkdir()
-    (tmp_path / "playbooks" / "rollout_argument_specs.yml").write_text(
+    (tmp_path / "playbooks" / "vars").mkdir(parents=True)
+    (tmp_path / "playbooks" / "vars" / "rollout_argument_specs.yml").write_text(
         "argument_specs:\n  main:\n    options:\n      rollout_serial: {type: list}\n"
     )
     hv = {"ansible_host": "h", "rollout_serial": "1", "rollout_serail": [1]}
