@@ -165,3 +165,15 @@ def test_preflight_names_every_missing_file_after_valid_settings(dirs):
         "service_swap_drafter_dir)."
     ) in res.stdout
     assert "Nothing was changed." in res.stdout
+
+
+def test_preflight_refuses_an_api_key_unfit_for_an_environment_file(dirs):
+    play = dirs["tmp"] / "preflight.yml"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: preflight.yml}\n"
+    )
+    res = ansible(dirs["tmp"], str(play), "-e", '{"service_swap_api_key": "two words"}')
+    assert res.returncode == 2
+    assert "service_swap_api_key must be a string without whitespace, quotes or backslashes" in res.stdout
+    assert "two words" not in res.stdout
