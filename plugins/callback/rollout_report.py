@@ -45,13 +45,22 @@ def _get(report: dict[str, Any], role: str, key: str) -> Any:
     return "-" if value in (None, "") else value
 
 
+def failure_message(result: dict[str, Any]) -> str:
+    """The operator's sentence of a failed task; for a loop, the failed items' messages."""
+    items = [r.get("msg") for r in result.get("results") or [] if isinstance(r, dict) and r.get("failed")]
+    if items:
+        return "\n".join(str(m) for m in items if m)
+    return str(result.get("msg") or "")
+
+
 def summary_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
     """One row per host: what it runs now and, if it failed, the first reason."""
     rows = []
     for name in sorted(hosts):
         h = hosts[name]
         report = h.get("report") or {}
-        note = h["errors"][0]["msg"].splitlines()[0][:80] if h.get("errors") else ""
+        first = next((e["msg"] for e in h.get("errors") or [] if e.get("msg")), "")
+        note = first.splitlines()[0][:80] if first else ""
         acceptance = _get(report, "service_swap", "mean_acceptance_length")
         rows.append(
             (
@@ -101,7 +110,7 @@ class CallbackModule(CallbackBase):
             return
         host = self._host(result._host.get_name())
         host["outcome"] = "failed"
-        host["errors"].append({"task": result._task.get_name(), "msg": str(result._result.get("msg", ""))})
+        host["errors"].append({"task": result._task.get_name(), "msg": failure_message(result._result)})
 
     def v2_runner_on_unreachable(self, result: Any) -> None:
         host = self._host(result._host.get_name())

@@ -58,8 +58,13 @@ def type_problem(name: str, value: Any, spec: Mapping[str, Any]) -> str | None:
     if not isinstance(value, _TYPES.get(want, (object,))):
         return f"{name} must be a {want}, but the inventory gives {type(value).__name__} {value!r}."
     choices = spec.get("choices")
-    if choices and value not in choices:
-        return f"{name} is {value!r}; it must be one of: {', '.join(map(str, choices))}."
+    if choices:
+        # A list option's choices apply to each element.
+        values = value if want == "list" else [value]
+        bad = [v for v in values if v not in choices]
+        if bad:
+            what = f"has {bad[0]!r}" if want == "list" else f"is {value!r}"
+            return f"{name} {what}; it must be one of: {', '.join(map(str, choices))}."
     return None
 
 

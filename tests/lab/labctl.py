@@ -452,6 +452,7 @@ def write_inventory(lab: Lab, inv_dir: Path) -> None:
             f"          ansible_host: {n.address}",
             f"          lab_fixture: {n.fixture}",
             f"          lab_container_config: {LXC_PATH / n.name / 'config'}",
+            f"          gpu_check_gpu_count: {fixture_gpu_count(n.fixture)}",
         ]
     lines += [
         "      vars:",

@@ -74,6 +74,8 @@ def test_removed_variables_say_what_to_do(roles: str) -> None:
         (None, {"type": "int"}, None),
         ({"a": 1}, {"type": "dict"}, None),
         ("no", {"type": "str"}, None),
+        (["a", "b"], {"type": "list", "choices": ["a", "b"]}, None),
+        (["a", "c"], {"type": "list", "choices": ["a", "b"]}, "x has 'c'; it must be one of: a, b."),
     ],
 )
 def test_type_rules(value, spec, expected) -> None:

@@ -1,6 +1,6 @@
 """The summary table printed at the end of every run."""
 
-from rollout_report import summary_rows, summary_table
+from rollout_report import failure_message, summary_rows, summary_table
 
 HOSTS = {
     "gpu-b": {
@@ -32,3 +32,17 @@ def test_table_aligns_columns() -> None:
     assert summary_table(summary_rows({"n1": {"outcome": "ok", "report": {}, "errors": []}})) == (
         "host  outcome  gpus  serving  acceptance  tok/s  note\nn1    ok       -     -        -           -"
     )
+
+
+def test_an_empty_message_gives_an_empty_note() -> None:
+    hosts = {"n1": {"outcome": "failed", "report": {}, "errors": [{"task": "t", "msg": ""}]}}
+    assert summary_rows(hosts)[0][-1] == ""
+
+
+def test_a_failed_loop_reports_its_failed_items() -> None:
+    result = {
+        "msg": "One or more items failed",
+        "results": [{"failed": False, "msg": "fine"}, {"failed": True, "msg": "GPU 0 has 2435 MiB in use"}],
+    }
+    assert failure_message(result) == "GPU 0 has 2435 MiB in use"
+    assert failure_message({"msg": "plain"}) == "plain"
