@@ -1,10 +1,27 @@
 #!/usr/bin/env python3
-"""Test double for the inference engines (SGLang, later vLLM) on lab nodes that have no GPU.
+"""Test double for the inference engines (SGLang and vLLM) on lab nodes that have no GPU.
 
 It speaks the small part of the OpenAI-compatible HTTP API that the deployment checks
 (/health, /v1/models, /v1/completions, /metrics, /version), parses the engine's own command
 line, and, while it runs, "holds" the fake GPUs by writing a holder file that the fake
 nvidia-smi adds to its memory.used, so waiting for the GPUs to be free is tested for real.
+
+    inference_server.py sglang --model-path DIR ...        plays `python -m sglang.launch_server`
+    inference_server.py vllm serve MODEL_DIR ...           plays vLLM's console script
+    vllm serve MODEL_DIR ...                               the same, through a link named `vllm`
+
+As vLLM it refuses what vLLM 0.20.1 refuses (a model directory without config.json, a bad
+--speculative-config, a drafter directory or its config.json missing) and also more
+speculative tokens than the drafter's block holds (N > block_size - 1), which real vLLM runs
+with silently degraded acceptance. /metrics carries vLLM's spec-decode counters under their real
+names. The API key comes from --api-key or VLLM_API_KEY and guards /v1/* only, as in vLLM.
+
+Failure knobs, read at start from /etc/lab-fakes/engine-knobs.json: top-level keys apply to every
+engine, a section named after the engine ("vllm", "sglang") overrides them for that engine only:
+    {"vllm": {"never_healthy": true}}   /health answers 503 forever
+    {"vllm": {"die_at_start": true}}    exits 1 before serving (systemd sees a failed start)
+    {"vllm": {"low_acceptance": true}}  drafts are almost never accepted (mean length about 1.1)
+    {"vllm": {"slow_start_s": 20}}      /health answers 503 for that many seconds first
 
 Standard library only: lab nodes have nothing but Debian's python3.
 """
@@ -45,6 +62,9 @@ class Engine:
     gpus: list[int]
     api_key: str | None = None
     counters: dict[str, float] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+    max_model_len: int | None = None
+    speculative_raw: str | None = None
 
     def check(self) -> None:
         if not Path(self.model_path, "config.json").is_file():
@@ -95,15 +115,183 @@ class SGLang(Engine):
         return f'sglang:generation_tokens_total{{model_name="{self.served_name}"}} {tokens}\n'
 
 
-ENGINES = {"sglang": SGLang}
+# What the stand-in drafter gets accepted per draft, as a share of the speculative tokens: a
+# healthy DFlash drafter on Qwen3.6-27B lands around 35%; a misconfigured one (e.g. vLLM 0.20's
+# layer offset) almost never gets a draft past the first position.
+HEALTHY_ACCEPT_SHARE = 0.35
+LOW_ACCEPT_SHARE = 0.004
+# --speculative-config keys vLLM 0.20.1 accepts for draft-model methods (ddtree_budget: with the
+# project's DDTree patch, method "ddtree" only).
+SPEC_KEYS = {"method", "model", "num_speculative_tokens", "draft_tensor_parallel_size", "ddtree_budget"}
+SPEC_METHODS = {"dflash", "ddtree", "eagle", "eagle3", "mtp", "ngram", "draft_model"}
+DRAFTER_METHODS = {"dflash", "ddtree", "eagle", "eagle3", "draft_model"}
 
 
-def load_knobs() -> dict:
-    """Failure knobs a test sets on a node: {"never_healthy": true, "slow_start_s": 5, ...}."""
+def drafter_block_size(config: dict) -> int | None:
+    """block_size at the top level (older drafters) or inside dflash_config (newer)."""
+    dflash = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
+    value = config.get("block_size", dflash.get("block_size"))
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_speculative_config(raw: str, tp: int) -> dict:
+    """Validate --speculative-config the way vLLM does, plus the block-size bound vLLM lacks."""
     try:
-        return json.loads(KNOBS_FILE.read_text())
+        spec = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise Refusal(f"--speculative-config is not valid JSON: {e}") from None
+    if not isinstance(spec, dict):
+        raise Refusal(f"--speculative-config must be a JSON object, not {type(spec).__name__}")
+    unknown = sorted(set(spec) - SPEC_KEYS)
+    if unknown:
+        raise Refusal(f"--speculative-config: unexpected keyword(s) {', '.join(unknown)}")
+    method = spec.get("method")
+    if method not in SPEC_METHODS:
+        raise Refusal(f"--speculative-config: method {method!r} is not one of {', '.join(sorted(SPEC_METHODS))}")
+    if "ddtree_budget" in spec and method != "ddtree":
+        raise Refusal("--speculative-config: ddtree_budget is only valid with method 'ddtree'")
+    budget = spec.get("ddtree_budget")
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+        raise Refusal(f"--speculative-config: ddtree_budget must be a positive integer, not {budget!r}")
+    n = spec.get("num_speculative_tokens")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise Refusal(f"--speculative-config: num_speculative_tokens must be a positive integer, not {n!r}")
+    draft_tp = spec.get("draft_tensor_parallel_size", 1)
+    if draft_tp not in (1, tp):
+        raise Refusal(f"--speculative-config: draft_tensor_parallel_size must be 1 or {tp}, not {draft_tp!r}")
+    if method in DRAFTER_METHODS:
+        model = spec.get("model")
+        if not isinstance(model, str) or not model:
+            raise Refusal(f"--speculative-config: method {method} needs 'model', the drafter directory")
+        if not Path(model).is_dir():
+            raise Refusal(f"drafter model directory {model} does not exist")
+        cfg_path = Path(model, "config.json")
+        if not cfg_path.is_file():
+            raise Refusal(f"drafter model directory {model} has no config.json")
+        try:
+            cfg = json.loads(cfg_path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise Refusal(f"drafter config {cfg_path} cannot be read: {e}") from None
+        block = drafter_block_size(cfg) if isinstance(cfg, dict) else None
+        if block is not None and n > block - 1:
+            raise Refusal(
+                f"num_speculative_tokens {n} exceeds the drafter's block (block_size {block}): at most {block - 1}"
+            )
+    return spec
+
+
+class VLLM(Engine):
+    """`vllm serve MODEL ...` as the unit renders it."""
+
+    speculative: dict | None = None
+    accept_share: float = HEALTHY_ACCEPT_SHARE
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> VLLM:
+        if not argv or argv[0] != "serve":
+            raise Refusal("usage: vllm serve MODEL [options]; the stand-in plays only 'serve'")
+        p = argparse.ArgumentParser(prog="vllm serve", allow_abbrev=False)
+        p.add_argument("model")
+        p.add_argument("--host")
+        p.add_argument("--port", type=int, default=8000)
+        p.add_argument("--served-model-name", nargs="+")
+        p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+        p.add_argument("--max-model-len", type=int)
+        p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+        p.add_argument("--speculative-config")
+        p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+        p.add_argument("--api-key", nargs="+")
+        p.add_argument("--max-num-batched-tokens", type=int)
+        p.add_argument("--max-num-seqs", type=int)
+        p.add_argument("--attention-backend")
+        p.add_argument("--reasoning-parser")
+        p.add_argument("--dtype")
+        for flag in ("--language-model-only", "--trust-remote-code", "--enforce-eager", "--disable-log-requests"):
+            p.add_argument(flag, action="store_true")
+        a = p.parse_args(argv[1:])
+        if not 0 < a.gpu_memory_utilization <= 1:
+            raise Refusal(f"--gpu-memory-utilization must be in (0, 1], not {a.gpu_memory_utilization}")
+        engine = cls(
+            name="vllm",
+            model_path=a.model,
+            served_name=(a.served_model_name or [a.model])[0],
+            host=a.host or "0.0.0.0",
+            port=a.port,
+            gpus=list(range(a.tensor_parallel_size)),
+            api_key=(a.api_key or [os.environ.get("VLLM_API_KEY") or ""])[0] or None,
+        )
+        engine.max_model_len = a.max_model_len
+        engine.speculative_raw = a.speculative_config
+        return engine
+
+    def check(self) -> None:
+        super().check()
+        cfg = json.loads(Path(self.model_path, "config.json").read_text())
+        text = cfg.get("text_config", cfg)
+        limit = text.get("max_position_embeddings")
+        if self.max_model_len and isinstance(limit, int) and self.max_model_len > limit:
+            raise Refusal(f"--max-model-len {self.max_model_len} exceeds the model's max_position_embeddings {limit}")
+        if self.speculative_raw is not None:
+            self.speculative = parse_speculative_config(self.speculative_raw, len(self.gpus))
+
+    def on_completion(self, tokens: int) -> None:
+        super().on_completion(tokens)
+        if not self.speculative:
+            return
+        n = int(self.speculative["num_speculative_tokens"])
+        # Every step proposes one draft of n tokens; the target keeps the accepted ones plus a bonus.
+        per_draft = max(0.0, min(float(n), self.accept_share * n))
+        drafts = max(1, -(-tokens * 1000 // int((1 + per_draft) * 1000)))
+        accepted = max(0, min(tokens - drafts, drafts * n))
+        c = self.counters
+        c["drafts"] = c.get("drafts", 0) + drafts
+        c["draft_tokens"] = c.get("draft_tokens", 0) + drafts * n
+        c["accepted"] = c.get("accepted", 0) + accepted
+        base, extra = divmod(accepted, drafts)
+        for d in range(drafts):
+            for pos in range(min(n, base + (1 if d < extra else 0))):
+                c[f"pos{pos}"] = c.get(f"pos{pos}", 0) + 1
+
+    def metrics(self) -> str:
+        labels = f'model_name="{self.served_name}",engine="0"'
+        c = self.counters
+        lines: list[str] = []
+
+        def counter(name: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+            lines.extend([f"# HELP {name}_total {help_text}", f"# TYPE {name}_total counter"])
+            for extra, value in samples:
+                lines.append(f"{name}_total{{{labels}{extra}}} {float(value)}")
+            for extra, _ in samples:
+                lines.append(f"{name}_created{{{labels}{extra}}} {self.started}")
+
+        counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", [("", c.get("generation_tokens", 0))]
+        )
+        if self.speculative:
+            n = int(self.speculative["num_speculative_tokens"])
+            counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", [("", c.get("drafts", 0))])
+            counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", [("", c.get("draft_tokens", 0))])
+            counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", [("", c.get("accepted", 0))])
+            counter(
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "Accepted tokens per draft position.",
+                [(f',position="{i}"', c.get(f"pos{i}", 0)) for i in range(n)],
+            )
+        return "\n".join(lines) + "\n"
+
+
+ENGINES: dict[str, type[Engine]] = {"sglang": SGLang, "vllm": VLLM}
+
+
+def load_knobs(engine: str) -> dict:
+    """Failure knobs a test sets on a node: top-level ones, overridden by the engine's own section."""
+    try:
+        raw = json.loads(KNOBS_FILE.read_text())
     except FileNotFoundError:
         return {}
+    knobs = {k: v for k, v in raw.items() if k not in ENGINES}
+    knobs.update(raw.get(engine) or {})
+    return knobs
 
 
 def completion_text(prompt: str, max_tokens: int) -> tuple[str, int]:
@@ -198,17 +386,21 @@ def make_handler(engine: Engine, ready: threading.Event):
     return Handler
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], prog: str = "inference_server.py") -> int:
+    if Path(prog).name == "vllm":  # run through a link named like vLLM's console script
+        argv = ["vllm", *argv]
     if not argv or argv[0] not in ENGINES:
         print(f"usage: inference_server.py {{{','.join(ENGINES)}}} ENGINE-ARGS...", file=sys.stderr)
         return 2
-    knobs = load_knobs()
+    knobs = load_knobs(argv[0])
     try:
         engine = ENGINES[argv[0]].from_argv(argv[1:])
         engine.check()
     except Refusal as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if knobs.get("low_acceptance") and isinstance(engine, VLLM):
+        engine.accept_share = LOW_ACCEPT_SHARE
     if knobs.get("die_at_start"):
         print("error: engine died during start (knob die_at_start)", file=sys.stderr)
         return 1
@@ -229,4 +421,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], sys.argv[0]))

@@ -1,0 +1,122 @@
+"""The lab's stand-in vLLM refuses what the issue lists (so the swap's gates meet real refusals)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("inference_server", REPO / "tests" / "fakes" / "inference_server.py")
+fake = importlib.util.module_from_spec(_spec)
+sys.modules["inference_server"] = fake
+_spec.loader.exec_module(fake)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "Qwen3.6-27B"
+    subprocess.run(
+        [sys.executable, str(REPO / "tests/fakes/target_model.py"), str(path)], check=True, capture_output=True
+    )
+    return path
+
+
+@pytest.fixture
+def drafter(tmp_path) -> Path:
+    d = tmp_path / "drafter"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"dflash_config": {"mask_token_id": 248070, "block_size": 16}}))
+    return d
+
+
+def engine(target: Path, *extra: str):
+    e = fake.VLLM.from_argv(["serve", str(target), *extra])
+    e.check()
+    return e
+
+
+def spec(**kw) -> str:
+    return json.dumps(kw)
+
+
+def test_parses_the_unit_command_line(target, drafter):
+    e = engine(
+        target,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--served-model-name",
+        "Qwen3.6-27B",
+        "--tensor-parallel-size",
+        "2",
+        "--speculative-config",
+        spec(method="ddtree", model=str(drafter), num_speculative_tokens=15, ddtree_budget=64),
+        "--no-enable-prefix-caching",
+    )
+    assert (e.served_name, e.port, e.gpus) == ("Qwen3.6-27B", 8000, [0, 1])
+    assert e.speculative == {
+        "method": "ddtree",
+        "model": str(drafter),
+        "num_speculative_tokens": 15,
+        "ddtree_budget": 64,
+    }
+
+
+@pytest.mark.parametrize(
+    ("make_spec", "message"),
+    [
+        (lambda d: '{"method": "dflash"', "--speculative-config is not valid JSON"),
+        (lambda d: "[1]", "--speculative-config must be a JSON object, not list"),
+        (lambda d: spec(method="medusa2", model=d, num_speculative_tokens=3), "method 'medusa2' is not one of"),
+        (
+            lambda d: spec(method="dflash", model=d, num_speculative_tokens=0),
+            "num_speculative_tokens must be a positive",
+        ),
+        (lambda d: spec(method="dflash", model=d, num_speculative_tokens=16), "num_speculative_tokens 16 exceeds"),
+        (lambda d: spec(method="dflash", model=d + "-x", num_speculative_tokens=3), "-x does not exist"),
+        (lambda d: spec(method="dflash", num_speculative_tokens=3), "needs 'model', the drafter directory"),
+        (lambda d: spec(method="dflash", model=d, num_speculative_tokens=3, ddtree_budget=8), "only valid with method"),
+        (lambda d: spec(method="dflash", model=d, num_speculative_tokens=3, budget=8), "unexpected keyword(s) budget"),
+    ],
+)
+def test_refuses_bad_speculative_configs(target, drafter, make_spec, message):
+    with pytest.raises(fake.Refusal, match=message.replace("(", r"\(").replace(")", r"\)")):
+        engine(target, "--speculative-config", make_spec(str(drafter)))
+
+
+def test_refuses_a_drafter_without_config_json(target, drafter):
+    (drafter / "config.json").unlink()
+    with pytest.raises(fake.Refusal, match=r"has no config\.json"):
+        engine(target, "--speculative-config", spec(method="dflash", model=str(drafter), num_speculative_tokens=3))
+
+
+def test_refuses_a_missing_target(tmp_path):
+    with pytest.raises(fake.Refusal, match=r"has no config\.json"):
+        engine(tmp_path / "nothing")
+
+
+def test_refuses_a_context_longer_than_the_model(target):
+    with pytest.raises(fake.Refusal, match="--max-model-len 300000 exceeds the model's max_position_embeddings 262144"):
+        engine(target, "--max-model-len", "300000")
+
+
+def test_knobs_per_engine(tmp_path, monkeypatch):
+    knobs = tmp_path / "knobs.json"
+    knobs.write_text(json.dumps({"slow_start_s": 2, "vllm": {"never_healthy": True}}))
+    monkeypatch.setattr(fake, "KNOBS_FILE", knobs)
+    assert fake.load_knobs("vllm") == {"slow_start_s": 2, "never_healthy": True}
+    assert fake.load_knobs("sglang") == {"slow_start_s": 2}
+
+
+def test_die_at_start_exits_1(tmp_path, target, monkeypatch, capsys):
+    knobs = tmp_path / "knobs.json"
+    knobs.write_text(json.dumps({"vllm": {"die_at_start": True}}))
+    monkeypatch.setattr(fake, "KNOBS_FILE", knobs)
+    assert fake.main(["serve", str(target)], "/opt/lab-fakes/vllm") == 1
+    assert "engine died during start (knob die_at_start)" in capsys.readouterr().err

@@ -1,0 +1,179 @@
+"""service_swap's unit template rendered by the role itself (tests/gpu/render_unit.yml), literal ExecStart lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
+
+
+def ansible(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(
+        os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_INJECT_FACT_VARS="False", TMPDIR=str(tmp_path)
+    )
+    return subprocess.run([PLAYBOOK, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> dict[str, Path]:
+    hybrid = tmp_path / "hybrid"
+    hybrid.mkdir()
+    (hybrid / "config.json").write_text(
+        json.dumps({"text_config": {"layer_types": ["linear_attention", "linear_attention", "full_attention"]}})
+    )
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_hidden_layers": 2}))
+    return {"hybrid": hybrid, "dense": dense, "drafter": tmp_path / "drafter", "tmp": tmp_path}
+
+
+def render(dirs: dict[str, Path], target: str, *extra: str) -> list[str]:
+    dest = dirs["tmp"] / "vllm.service"
+    res = ansible(
+        dirs["tmp"],
+        "tests/gpu/render_unit.yml",
+        "-e",
+        "service_swap_vllm_executable=/opt/vllm/0.20.1/bin/vllm",
+        "-e",
+        f"service_swap_target_dir={dirs[target]}",
+        "-e",
+        "service_swap_drafter_dir=/opt/models/drafter",
+        "-e",
+        f"render_dest={dest}",
+        *extra,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    text = dest.read_text()
+    start = text.index("ExecStart=")
+    end = text.index("\n", text.index("\n", start))
+    while text[end - 1] == "\\":
+        end = text.index("\n", end + 1)
+    return text[start:end].split("\n")
+
+
+def test_hybrid_target_dflash(dirs):
+    t = dirs["hybrid"]
+    assert render(dirs, "hybrid") == [
+        f"ExecStart=/opt/vllm/0.20.1/bin/vllm serve {t} \\",
+        " --host 0.0.0.0 \\",
+        " --port 8000 \\",
+        " --served-model-name Qwen3.6-27B \\",
+        " --tensor-parallel-size 1 \\",
+        " --max-model-len 32768 \\",
+        " --gpu-memory-utilization 0.9 \\",
+        ' --speculative-config \'{"method":"dflash","model":"/opt/models/drafter","num_speculative_tokens":15}\' \\',
+        " --no-enable-prefix-caching",
+    ]
+
+
+def test_dense_target_ddtree_with_budget_and_extra_args(dirs):
+    t = dirs["dense"]
+    lines = render(
+        dirs,
+        "dense",
+        "-e",
+        "service_swap_spec_method=ddtree",
+        "-e",
+        "service_swap_ddtree_budget=32",
+        "-e",
+        "service_swap_tensor_parallel_size=2",
+        "-e",
+        '{"service_swap_extra_args": ["--reasoning-parser", "qwen3", "--max-num-batched-tokens", "8192"]}',
+    )
+    assert lines == [
+        f"ExecStart=/opt/vllm/0.20.1/bin/vllm serve {t} \\",
+        " --host 0.0.0.0 \\",
+        " --port 8000 \\",
+        " --served-model-name Qwen3.6-27B \\",
+        " --tensor-parallel-size 2 \\",
+        " --max-model-len 32768 \\",
+        " --gpu-memory-utilization 0.9 \\",
+        ' --speculative-config \'{"method":"ddtree","model":"/opt/models/drafter","num_speculative_tokens":15,'
+        '"ddtree_budget":32}\' \\',
+        " --reasoning-parser qwen3 \\",
+        " --max-num-batched-tokens 8192",
+    ]
+
+
+def test_dflash_ignores_a_ddtree_budget_and_forced_prefix_caching(dirs):
+    lines = render(dirs, "hybrid", "-e", "service_swap_ddtree_budget=32", "-e", '{"service_swap_prefix_caching": true}')
+    assert (
+        lines[7]
+        == ' --speculative-config \'{"method":"dflash","model":"/opt/models/drafter","num_speculative_tokens":15}\' \\'
+    )
+    assert lines[8] == " --enable-prefix-caching"
+
+
+def test_systemd_specifiers_and_spaces_are_escaped(dirs):
+    lines = render(dirs, "dense", "-e", '{"service_swap_served_model_name": "Qwen 100% $HOME"}')
+    assert lines[3] == " --served-model-name 'Qwen 100%% $$HOME' \\"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["-e", "service_swap_num_speculative_tokens=16"],
+            "service_swap_drafter_block_size - 1 (15), the drafter proposes one block at a time",
+        ),
+        (["-e", "service_swap_min_acceptance_length=1.0"], "service_swap_min_acceptance_length > 1.0 (now 1.0)"),
+        (["-e", "service_swap_spec_method=eagle3"], "service_swap_spec_method is dflash or ddtree (now eagle3)"),
+        (["-e", "service_swap_vllm_port=30000"], "vLLM and SGLang use different ports"),
+        (["-e", "service_swap_user=root"], "service_swap_user is not root"),
+    ],
+)
+def test_preflight_refuses_inconsistent_settings(dirs, extra, message):
+    play = dirs["tmp"] / "preflight.yml"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: preflight.yml}\n"
+    )
+    res = ansible(dirs["tmp"], str(play), *extra)
+    assert res.returncode == 2
+    assert "service_swap settings are inconsistent" in res.stdout
+    assert message in res.stdout
+
+
+def test_preflight_names_every_missing_file_after_valid_settings(dirs):
+    play = dirs["tmp"] / "preflight.yml"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: preflight.yml}\n"
+    )
+    res = ansible(
+        dirs["tmp"],
+        str(play),
+        "-e",
+        f"service_swap_venv={dirs['tmp']}/venv",
+        "-e",
+        f"service_swap_target_dir={dirs['dense']}",
+        "-e",
+        f"service_swap_drafter_dir={dirs['drafter']}",
+    )
+    assert res.returncode == 2
+    assert "service_swap settings are inconsistent" not in res.stdout
+    assert (
+        f"Missing on localhost: {dirs['tmp']}/venv/bin/vllm (vllm executable: run vllm_install, or set "
+        f"service_swap_venv); {dirs['drafter']}/config.json (drafter: run model_stage and drafter_config, or set "
+        "service_swap_drafter_dir)."
+    ) in res.stdout
+    assert "Nothing was changed." in res.stdout
+
+
+def test_preflight_refuses_an_api_key_unfit_for_an_environment_file(dirs):
+    play = dirs["tmp"] / "preflight.yml"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: preflight.yml}\n"
+    )
+    res = ansible(dirs["tmp"], str(play), "-e", '{"service_swap_api_key": "two words"}')
+    assert res.returncode == 2
+    assert "service_swap_api_key must be a string without whitespace, quotes or backslashes" in res.stdout
+    assert "two words" not in res.stdout
