@@ -330,6 +330,9 @@ def lay_out_node(lab: Lab, node: Node, rootfs: Path) -> None:
     fakes = rootfs / "opt/lab-fakes"
     fakes.mkdir(parents=True, exist_ok=True)
     shutil.copy2(FAKES / "inference_server.py", fakes / "inference_server.py")
+    vllm = fakes / "vllm"  # the stand-in plays vLLM when called by this name: `vllm serve MODEL ...`
+    if not vllm.is_symlink():
+        vllm.symlink_to("inference_server.py")
     if (FAKES / "nvidia_smi.py").exists():
         shutil.copy2(FAKES / "nvidia_smi.py", rootfs / "usr/bin/nvidia-smi")
         (rootfs / "usr/bin/nvidia-smi").chmod(0o755)
@@ -453,6 +456,7 @@ def write_inventory(lab: Lab, inv_dir: Path) -> None:
             f"          lab_fixture: {n.fixture}",
             f"          lab_container_config: {LXC_PATH / n.name / 'config'}",
             f"          gpu_check_gpu_count: {fixture_gpu_count(n.fixture)}",
+            f"          service_swap_tensor_parallel_size: {fixture_gpu_count(n.fixture)}",
         ]
     lines += [
         "      vars:",
