@@ -1,0 +1,217 @@
+"""The safetensors_info and dflash_config modules run in-process: check mode, diff, backup, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import dflash_config
+import pytest
+import safetensors_info
+import targets
+from ansible.module_utils.testing import patch_module_args
+from safetensors_files import dflash_shapes, write_real, write_sharded
+
+
+def run(module, args, capsys):
+    with patch_module_args(args), pytest.raises(SystemExit):
+        module.main()
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture
+def lab(tmp_path):
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    write_real(drafter / "model.safetensors", dflash_shapes(64, 2, 4, 2, 16, 128, 2))
+    target = targets.tiny(tmp_path / "target")
+    return drafter, target
+
+
+def args(drafter, target, **extra):
+    return {"drafter": str(drafter), "target": str(target), "dest": str(drafter / "config.json"), **extra}
+
+
+def listing(directory):
+    return sorted(os.listdir(directory))
+
+
+TINY_CONFIG = """{
+  "architectures": [
+    "DFlashDraftModel"
+  ],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "block_size": 16,
+  "dflash_config": {
+    "mask_token_id": 990,
+    "target_layer_ids": [
+      1,
+      5
+    ]
+  },
+  "head_dim": 16,
+  "hidden_act": "silu",
+  "hidden_size": 64,
+  "initializer_range": 0.02,
+  "intermediate_size": 128,
+  "max_position_embeddings": 4096,
+  "model_type": "qwen3",
+  "num_attention_heads": 4,
+  "num_hidden_layers": 2,
+  "num_key_value_heads": 2,
+  "num_target_layers": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "tie_word_embeddings": false,
+  "torch_dtype": "float16",
+  "use_cache": true,
+  "vocab_size": 1000
+}
+"""
+
+
+def test_writes_then_idempotent(lab, capsys):
+    drafter, target = lab
+    first = run(dflash_config, args(drafter, target), capsys)
+    assert first["changed"] is True
+    assert (drafter / "config.json").read_text() == TINY_CONFIG
+    assert oct((drafter / "config.json").stat().st_mode & 0o777) == "0o644"
+    assert [w["event"]["msg"] for w in first["warnings"]] == [
+        "assumed all layers full attention (layer_types not given; shapes cannot tell)"
+    ]
+    second = run(dflash_config, args(drafter, target), capsys)
+    assert second["changed"] is False
+    assert listing(drafter) == ["config.json", "model.safetensors"]
+
+
+def test_check_mode_with_diff_writes_nothing(lab, capsys):
+    drafter, target = lab
+    out = run(
+        dflash_config, {**args(drafter, target), "_ansible_check_mode": True, "_ansible_diff": True}, capsys
+    )
+    assert out["changed"] is True
+    assert out["diff"]["before"] == ""
+    assert out["diff"]["after"] == TINY_CONFIG
+    assert out["diff"]["before_header"] == "(absent)"
+    assert listing(drafter) == ["model.safetensors"]
+
+
+def test_content_change_with_backup(lab, capsys):
+    drafter, target = lab
+    (drafter / "config.json").write_text('{"hand": "written"}\n')
+    out = run(dflash_config, {**args(drafter, target), "backup": True, "_ansible_diff": True}, capsys)
+    assert out["changed"] is True
+    assert out["diff"]["before"] == '{"hand": "written"}\n'
+    backup = out["backup_file"]
+    assert Path(backup).read_text() == '{"hand": "written"}\n'
+    assert (drafter / "config.json").read_text() == TINY_CONFIG
+
+
+def test_mode_is_applied_and_reported(lab, capsys):
+    drafter, target = lab
+    run(dflash_config, args(drafter, target), capsys)
+    out = run(dflash_config, {**args(drafter, target), "mode": "0600"}, capsys)
+    assert out["changed"] is True
+    assert oct((drafter / "config.json").stat().st_mode & 0o777) == "0o600"
+
+
+REFUSALS = [
+    ({"mask_token_id": 1000}, "mask token id 1000 (given) is not below the target's vocab_size 1000"),
+    ({"target_layer_ids": [1, 8]}, "target layer id(s) [8] outside the target, which has layers 0..7"),
+    ({"target_layer_ids": [1]}, "target_layer_ids has 1 entries but fc.weight taps 2"),
+    ({"layer_types": ["sliding_attention", "full_attention"]}, "set sliding_window too"),
+    ({"block_size": 0}, "block_size must be an integer >= 2"),
+]
+
+
+@pytest.mark.parametrize(("extra", "message"), REFUSALS)
+def test_refusals_write_nothing(lab, capsys, extra, message):
+    drafter, target = lab
+    out = run(dflash_config, args(drafter, target, **extra), capsys)
+    assert out["failed"] is True
+    assert message in out["msg"]
+    assert listing(drafter) == ["model.safetensors"]
+
+
+def test_refusal_keeps_existing_config_untouched(lab, capsys):
+    drafter, target = lab
+    (drafter / "config.json").write_text("old\n")
+    out = run(dflash_config, args(drafter, target, mask_token_id=5000, backup=True), capsys)
+    assert out["failed"] is True
+    assert (drafter / "config.json").read_text() == "old\n"
+    assert listing(drafter) == ["config.json", "model.safetensors"]
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        ("hidden", "the drafter's hidden size 64 differs from the target's 96"),
+        ("fc", "its width 100 is not a multiple of the hidden size 64"),
+        ("missing", "drafter tensors missing: layers.1.mlp.down_proj.weight"),
+        ("taps", "fc.weight taps 3 target layers but the drafter has 2 draft layers"),
+        ("tokenizer", "cannot find the mask token id"),
+        ("truncated", "the file is truncated"),
+        ("ambiguous", "match several published drafters"),
+    ],
+)
+def test_drafter_and_target_refusals_write_nothing(tmp_path, capsys, setup, message):
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    shapes = dflash_shapes(64, 2, 4, 2, 16, 128, 3 if setup == "taps" else 2)
+    if setup == "fc":
+        shapes["fc.weight"] = (64, 100)
+    if setup == "missing":
+        del shapes["layers.1.mlp.down_proj.weight"]
+    target = targets.tiny(tmp_path / "target", hidden=96 if setup == "hidden" else 64)
+    if setup == "ambiguous":
+        from safetensors_files import QWEN36_27B_DFLASH, write_sparse
+
+        write_sparse(drafter / "model.safetensors", QWEN36_27B_DFLASH)
+        target = targets.qwen36_27b(tmp_path / "q36")
+    else:
+        write_real(drafter / "model.safetensors", shapes)
+    if setup == "tokenizer":
+        (target / "tokenizer.json").unlink()
+    if setup == "truncated":
+        data = (drafter / "model.safetensors").read_bytes()
+        (drafter / "model.safetensors").write_bytes(data[:-10])
+    out = run(dflash_config, args(drafter, target), capsys)
+    assert out["failed"] is True
+    assert message in out["msg"]
+    assert listing(drafter) == ["model.safetensors"]
+
+
+def test_dest_directory_missing(lab, capsys):
+    drafter, target = lab
+    out = run(dflash_config, {**args(drafter, target), "dest": str(drafter / "nope" / "config.json")}, capsys)
+    assert out["failed"] is True
+    assert (
+        out["msg"] == f"the directory of dest, {drafter}/nope, does not exist; stage the drafter there first"
+    )
+
+
+def test_safetensors_info_module(tmp_path, capsys):
+    write_sharded(tmp_path, {"a": (2, 3), "b": (4,)}, shards=2, sparse=False)
+    out = run(
+        safetensors_info, {"path": str(tmp_path), "checksum": "sha256", "_ansible_check_mode": True}, capsys
+    )
+    assert out["changed"] is False
+    assert out["tensors"] == {
+        "a": {"dtype": "F16", "shape": [2, 3], "file": "model-00001-of-00002.safetensors"},
+        "b": {"dtype": "F16", "shape": [4], "file": "model-00002-of-00002.safetensors"},
+    }
+    assert out["total_parameters"] == 10
+    assert out["total_bytes"] == 20
+    assert out["dtypes"] == {"F16": 10}
+    assert [len(f["sha256"]) for f in out["files"]] == [64, 64]
+    assert out["index"] == f"{tmp_path}/model.safetensors.index.json"
+
+
+def test_safetensors_info_module_fails_cleanly(tmp_path, capsys):
+    (tmp_path / "x.safetensors").write_bytes(b"\xff" * 16)
+    out = run(safetensors_info, {"path": str(tmp_path / "x.safetensors")}, capsys)
+    assert out["failed"] is True
+    assert "exceeds the 104857600-byte limit" in out["msg"]
