@@ -159,9 +159,7 @@ def run(module: AnsibleModule) -> None:
         module.fail_json(msg=f"dest {dest} is a directory; give the path of the config.json file to write")
     parent = os.path.dirname(dest) or "."
     if not os.path.isdir(parent):
-        module.fail_json(
-            msg=f"the directory of dest, {parent}, does not exist; stage the drafter there first"
-        )
+        module.fail_json(msg=f"the directory of dest, {parent}, does not exist; stage the drafter there first")
     try:
         checkpoint = inspect_path(p["drafter"])
         tensors = {name: (t.dtype, t.shape) for name, t in checkpoint.tensors.items()}

@@ -98,9 +98,7 @@ class Published:
 # The published drafters whose layer pattern is known (FACTS: values of the published configs).
 PUBLISHED: tuple[Published, ...] = (
     Published("Qwen3-8B-DFlash-b16", 4096, 5, 12288, 32, 8, 128, 5, 36, 151936, (FULL,) * 5, None),
-    Published(
-        "Qwen3.6-27B-DFlash", 5120, 5, 17408, 32, 8, 128, 5, 64, 248320, (SLIDING,) * 4 + (FULL,), 2048
-    ),
+    Published("Qwen3.6-27B-DFlash", 5120, 5, 17408, 32, 8, 128, 5, 64, 248320, (SLIDING,) * 4 + (FULL,), 2048),
     Published("Qwen3.5-27B-DFlash", 5120, 5, 17408, 32, 8, 128, 5, 64, 248320, (FULL,) * 5, None),
 )
 
@@ -112,9 +110,7 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
-def infer_drafter(
-    tensors: Mapping[str, tuple[str, Sequence[int]]], target_vocab: int | None = None
-) -> DrafterShape:
+def infer_drafter(tensors: Mapping[str, tuple[str, Sequence[int]]], target_vocab: int | None = None) -> DrafterShape:
     """Infer the drafter architecture from ``{name: (dtype, shape)}``."""
     shapes = {name: tuple(shape) for name, (_, shape) in tensors.items()}
     missing = [n for n in _TOP_LEVEL if n not in shapes]
@@ -155,15 +151,12 @@ def infer_drafter(
         elif name not in _TOP_LEVEL and name not in _OPTIONAL_TOP:
             unknown.append(name)
     if not layers:
-        raise DFlashConfigError(
-            "the drafter has no layers.<i>.* tensors: these are not DFlash drafter weights"
-        )
+        raise DFlashConfigError("the drafter has no layers.<i>.* tensors: these are not DFlash drafter weights")
     count = max(layers) + 1
     absent = [i for i in range(count) if i not in layers]
     if absent:
         raise DFlashConfigError(
-            f"drafter tensors missing: layers {absent} absent while layer {count - 1} exists; the file is"
-            " incomplete"
+            f"drafter tensors missing: layers {absent} absent while layer {count - 1} exists; the file is incomplete"
         )
     first = layers[0]
     for key in (
@@ -190,9 +183,7 @@ def infer_drafter(
         )
     heads, kv = q_rows // head_dim, k_rows // head_dim
     if heads % kv:
-        raise DFlashConfigError(
-            f"drafter has {heads} query heads but {kv} KV heads: heads must be a multiple"
-        )
+        raise DFlashConfigError(f"drafter has {heads} query heads but {kv} KV heads: heads must be a multiple")
     with_bias = "self_attn.q_proj.bias" in first
     expected = {
         "input_layernorm.weight": (hidden,),
@@ -222,11 +213,7 @@ def infer_drafter(
             raise DFlashConfigError(
                 f"drafter tensors missing: layers.{i}.{lacking[0]}"
                 + (f" and {len(lacking) - 1} more" if len(lacking) > 1 else "")
-                + (
-                    ""
-                    if with_bias or not set(_BIASES) & set(have)
-                    else " (attention biases differ between layers)"
-                )
+                + ("" if with_bias or not set(_BIASES) & set(have) else " (attention biases differ between layers)")
             )
         for k, shape in want.items():
             if have[k] != shape:
@@ -242,8 +229,7 @@ def infer_drafter(
                 continue
             if k in _BIASES and not with_bias:
                 raise DFlashConfigError(
-                    f"drafter layers.{i}.{k} exists but layers.0 has no attention biases:"
-                    " inconsistent tensors"
+                    f"drafter layers.{i}.{k} exists but layers.0 has no attention biases: inconsistent tensors"
                 )
             unknown.append(f"layers.{i}.{k}")
     if unknown:
@@ -255,19 +241,11 @@ def infer_drafter(
     for n in _OPTIONAL_TOP:
         if n in shapes:
             shape = shapes[n]
-            if (
-                len(shape) != 2
-                or shape[1] != hidden
-                or (target_vocab is not None and shape[0] != target_vocab)
-            ):
-                raise DFlashConfigError(
-                    f"drafter {n} is {list(shape)}, expected [{target_vocab or 'vocab'}, {hidden}]"
-                )
+            if len(shape) != 2 or shape[1] != hidden or (target_vocab is not None and shape[0] != target_vocab):
+                raise DFlashConfigError(f"drafter {n} is {list(shape)}, expected [{target_vocab or 'vocab'}, {hidden}]")
     dtype = tensors["fc.weight"][0]
     if dtype not in TORCH_DTYPES:
-        raise DFlashConfigError(
-            f"drafter weights are {dtype}; only {', '.join(TORCH_DTYPES)} drafters are supported"
-        )
+        raise DFlashConfigError(f"drafter weights are {dtype}; only {', '.join(TORCH_DTYPES)} drafters are supported")
     return DrafterShape(
         hidden_size=hidden,
         num_hidden_layers=count,
@@ -388,9 +366,7 @@ def find_mask_token_id(target_dir: str) -> tuple[int, str]:
         for tok in obj.get("added_tokens") or []:
             tid = tok.get("id") if isinstance(tok, dict) else None
             if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
-                raise DFlashConfigError(
-                    f"target tokenizer {tj}: added_tokens entry without a valid id: {tok!r}"
-                )
+                raise DFlashConfigError(f"target tokenizer {tj}: added_tokens entry without a valid id: {tok!r}")
             ids.append(tid)
         used.append("tokenizer.json")
         base_vocab = True
@@ -527,8 +503,7 @@ def build_config(
         layer_types = list(layer_types)
         if len(layer_types) != shape.num_hidden_layers:
             raise DFlashConfigError(
-                f"layer_types has {len(layer_types)} entries but the drafter has"
-                f" {shape.num_hidden_layers} layers"
+                f"layer_types has {len(layer_types)} entries but the drafter has {shape.num_hidden_layers} layers"
             )
         wrong = sorted({t for t in layer_types if t not in LAYER_TYPES})
         if wrong:
@@ -538,8 +513,7 @@ def build_config(
             raise DFlashConfigError("layer_types has sliding_attention layers: set sliding_window too")
         if not sliding and sliding_window is not None:
             raise DFlashConfigError(
-                "sliding_window is set but no layer in layer_types is sliding_attention;"
-                " drop one or the other"
+                "sliding_window is set but no layer in layer_types is sliding_attention; drop one or the other"
             )
         for p in matches:
             if tuple(layer_types) == p.layer_types and sliding_window == p.sliding_window:
@@ -565,8 +539,7 @@ def build_config(
                 )
             else:
                 assumptions.append(
-                    f"all layers full attention, as {matches[0].name}"
-                    " (the only published drafter with these shapes)"
+                    f"all layers full attention, as {matches[0].name} (the only published drafter with these shapes)"
                 )
         else:
             assumptions.append("all layers full attention (layer_types not given; shapes cannot tell)")

@@ -166,9 +166,7 @@ def _load_json(raw: bytes, what: str) -> Any:
         raise SafetensorsError(f"{what} is not valid JSON ({exc})") from None
 
 
-def parse_header_bytes(
-    header: bytes, data_len: int, path: str
-) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+def parse_header_bytes(header: bytes, data_len: int, path: str) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     """Validate a header's JSON bytes against the size of the data buffer that follows it.
 
     Rules (those of the reference implementation): a JSON object; each entry has a
@@ -226,17 +224,13 @@ def _tensor_entry(name: str, entry: Any, where: str, path: str) -> TensorInfo:
         raise SafetensorsError(f"{where}: entry {name!r} lacks {', '.join(sorted(missing))}")
     dtype = entry["dtype"]
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
-        raise SafetensorsError(
-            f"{where}: tensor {name!r} has unknown dtype {dtype!r}; known: {', '.join(DTYPE_BITS)}"
-        )
+        raise SafetensorsError(f"{where}: tensor {name!r} has unknown dtype {dtype!r}; known: {', '.join(DTYPE_BITS)}")
     shape = entry["shape"]
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         raise SafetensorsError(f"{where}: tensor {name!r} shape must be a list of non-negative integers")
     offs = entry["data_offsets"]
     if not (isinstance(offs, list) and len(offs) == 2 and all(_is_int(o) and o >= 0 for o in offs)):
-        raise SafetensorsError(
-            f"{where}: tensor {name!r} data_offsets must be [begin, end], non-negative integers"
-        )
+        raise SafetensorsError(f"{where}: tensor {name!r} data_offsets must be [begin, end], non-negative integers")
     begin, end = offs
     if end < begin:
         raise SafetensorsError(f"{where}: tensor {name!r} data_offsets end {end} is before begin {begin}")
@@ -248,8 +242,7 @@ def _tensor_entry(name: str, entry: Any, where: str, path: str) -> TensorInfo:
         raise SafetensorsError(f"{where}: tensor {name!r} of {numel} x {dtype} does not fill whole bytes")
     if bits // 8 != end - begin:
         raise SafetensorsError(
-            f"{where}: tensor {name!r} is {dtype} {shape} = {bits // 8} bytes but data_offsets span"
-            f" {end - begin} bytes"
+            f"{where}: tensor {name!r} is {dtype} {shape} = {bits // 8} bytes but data_offsets span {end - begin} bytes"
         )
     return TensorInfo(dtype=dtype, shape=tuple(shape), begin=begin, end=end, file=path)
 
@@ -319,15 +312,9 @@ def _read_index(index_path: str) -> tuple[dict[str, str], dict[str, Any]]:
     if not wmap:
         raise SafetensorsError(f"{index_path}: weight_map is empty")
     for name, shard in wmap.items():
-        if (
-            not isinstance(shard, str)
-            or not shard
-            or shard != os.path.basename(shard)
-            or shard in (".", "..")
-        ):
+        if not isinstance(shard, str) or not shard or shard != os.path.basename(shard) or shard in (".", ".."):
             raise SafetensorsError(
-                f"{index_path}: weight_map entry {name!r} -> {shard!r} is not a plain file name in the"
-                " same directory"
+                f"{index_path}: weight_map entry {name!r} -> {shard!r} is not a plain file name in the same directory"
             )
     meta = obj.get("metadata", {})
     if meta is None:
@@ -372,24 +359,18 @@ def inspect_shards(index_path: str, checksum: str = "none") -> Checkpoint:
     for shard in shard_names:
         shard_path = os.path.join(base, shard)
         if not os.path.isfile(shard_path):
-            raise SafetensorsError(
-                f"{index_path}: names shard {shard!r} which is missing from {base}; copy it there"
-            )
+            raise SafetensorsError(f"{index_path}: names shard {shard!r} which is missing from {base}; copy it there")
         fh = read_file_header(shard_path, checksum)
         files.append(fh)
         for name, t in fh.tensors.items():
             if name in tensors:
-                raise SafetensorsError(
-                    f"tensor {name!r} is in both {os.path.basename(tensors[name].file)} and {shard}"
-                )
+                raise SafetensorsError(f"tensor {name!r} is in both {os.path.basename(tensors[name].file)} and {shard}")
             tensors[name] = t
         metadata.update(fh.metadata)
     for name, shard in sorted(wmap.items()):
         t = tensors.get(name)
         if t is None:
-            raise SafetensorsError(
-                f"{index_path}: tensor {name!r} is mapped to {shard} but no shard holds it"
-            )
+            raise SafetensorsError(f"{index_path}: tensor {name!r} is mapped to {shard} but no shard holds it")
         if os.path.basename(t.file) != shard:
             raise SafetensorsError(
                 f"{index_path}: tensor {name!r} is mapped to {shard} but it is in {os.path.basename(t.file)}"
@@ -404,7 +385,6 @@ def inspect_shards(index_path: str, checksum: str = "none") -> Checkpoint:
     declared = index_meta.get("total_size")
     if declared is not None and declared != cp.total_bytes:
         cp.warnings.append(
-            f"{index_path}: metadata.total_size is {declared} but the shards hold {cp.total_bytes}"
-            " bytes of tensors"
+            f"{index_path}: metadata.total_size is {declared} but the shards hold {cp.total_bytes} bytes of tensors"
         )
     return cp

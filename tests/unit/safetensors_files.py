@@ -61,9 +61,7 @@ QWEN3_8B_DFLASH = dflash_shapes(4096, 5, 32, 8, 128, 12288, 5)
 QWEN36_27B_DFLASH = dflash_shapes(5120, 5, 32, 8, 128, 17408, 5)
 
 
-def write_real(
-    path: Path, shapes: Mapping[str, Sequence[int]], dtype: str = "float16", seed: int = 0
-) -> Path:
+def write_real(path: Path, shapes: Mapping[str, Sequence[int]], dtype: str = "float16", seed: int = 0) -> Path:
     """A real safetensors file written by the safetensors library, random contents."""
     rng = np.random.default_rng(seed)
     arrays = {name: rng.standard_normal(tuple(shape)).astype(dtype) for name, shape in shapes.items()}

@@ -15,9 +15,7 @@ from typing import Any
 def _tokenizer(base: int, added: int) -> dict[str, Any]:
     return {
         "version": "1.0",
-        "added_tokens": [
-            {"id": base + i, "content": f"<|special_{i}|>", "special": True} for i in range(added)
-        ],
+        "added_tokens": [{"id": base + i, "content": f"<|special_{i}|>", "special": True} for i in range(added)],
         "model": {"type": "BPE", "vocab": {f"t{i}": i for i in range(base)}, "merges": []},
     }
 

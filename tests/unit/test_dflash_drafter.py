@@ -375,9 +375,7 @@ def test_refuse_wrong_number_of_given_layer_ids(tmp_path):
 
 
 def test_refuse_no_way_to_find_mask_id(tmp_path):
-    targets.write_target(
-        tmp_path, json.loads((targets.tiny(tmp_path / "x") / "config.json").read_text()), None
-    )
+    targets.write_target(tmp_path, json.loads((targets.tiny(tmp_path / "x") / "config.json").read_text()), None)
     (tmp_path / "vocab.json").write_text('{"a": 0}')
     with refuses("cannot find the mask token id:"):
         generate(_tiny(tmp_path), str(tmp_path))

@@ -89,9 +89,7 @@ def test_writes_then_idempotent(lab, capsys):
 
 def test_check_mode_with_diff_writes_nothing(lab, capsys):
     drafter, target = lab
-    out = run(
-        dflash_config, {**args(drafter, target), "_ansible_check_mode": True, "_ansible_diff": True}, capsys
-    )
+    out = run(dflash_config, {**args(drafter, target), "_ansible_check_mode": True, "_ansible_diff": True}, capsys)
     assert out["changed"] is True
     assert out["diff"]["before"] == ""
     assert out["diff"]["after"] == TINY_CONFIG
@@ -188,16 +186,12 @@ def test_dest_directory_missing(lab, capsys):
     drafter, target = lab
     out = run(dflash_config, {**args(drafter, target), "dest": str(drafter / "nope" / "config.json")}, capsys)
     assert out["failed"] is True
-    assert (
-        out["msg"] == f"the directory of dest, {drafter}/nope, does not exist; stage the drafter there first"
-    )
+    assert out["msg"] == f"the directory of dest, {drafter}/nope, does not exist; stage the drafter there first"
 
 
 def test_safetensors_info_module(tmp_path, capsys):
     write_sharded(tmp_path, {"a": (2, 3), "b": (4,)}, shards=2, sparse=False)
-    out = run(
-        safetensors_info, {"path": str(tmp_path), "checksum": "sha256", "_ansible_check_mode": True}, capsys
-    )
+    out = run(safetensors_info, {"path": str(tmp_path), "checksum": "sha256", "_ansible_check_mode": True}, capsys)
     assert out["changed"] is False
     assert out["tensors"] == {
         "a": {"dtype": "F16", "shape": [2, 3], "file": "model-00001-of-00002.safetensors"},

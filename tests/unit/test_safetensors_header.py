@@ -118,8 +118,7 @@ def test_index_total_size_mismatch_is_a_warning(tmp_path):
     _index(tmp_path, wmap, total=999)
     cp = inspect_path(str(tmp_path))
     assert cp.warnings == [
-        f"{tmp_path}/model.safetensors.index.json: metadata.total_size is 999 but the shards hold 8 bytes"
-        " of tensors"
+        f"{tmp_path}/model.safetensors.index.json: metadata.total_size is 999 but the shards hold 8 bytes of tensors"
     ]
 
 
