@@ -307,6 +307,14 @@ def plan(module: AnsibleModule) -> dict[str, Any]:
     generated_index = len(sources) > 1 and INDEX_NAME not in names
     files, temps, side_text = _scan_dest(dest)
     the_plan = plan_stage(sources, files, parse_sidecar(side_text), temps, generated_index)
+    if the_plan.write_index and not the_plan.index_stale:
+        # Unchanged shards: the index is stale only if someone edited it; headers are cheap to read.
+        try:
+            shards = {f.source.name: _header(os.path.join(dest, f.source.name)) for f in the_plan.files}
+            with open(os.path.join(dest, INDEX_NAME), encoding="utf-8") as fh:
+                the_plan.index_stale = fh.read() != render_index(build_index(shards))
+        except (OSError, StageError):
+            the_plan.index_stale = True
     where = _check_writable(dest)
     vfs = os.statvfs(where)
     free = vfs.f_bavail * vfs.f_frsize
@@ -358,6 +366,7 @@ def plan(module: AnsibleModule) -> dict[str, Any]:
         "attrs": attrs,
         "stale_weights": the_plan.stale_weights,
         "write_index": generated_index,
+        "index_stale": the_plan.index_stale,
         "bytes_needed": needed,
         "bytes_free": free,
         "diff": {

@@ -78,7 +78,8 @@ class Plan:
     files: list[FilePlan]
     stale_temps: list[str] = field(default_factory=list)
     stale_weights: list[str] = field(default_factory=list)
-    write_index: bool = False
+    write_index: bool = False  # the source has shards but no index: the node writes one
+    index_stale: bool = False  # ... and the one in dest is missing or will change
 
     @property
     def transfers(self) -> list[FilePlan]:
@@ -237,7 +238,14 @@ def plan_stage(
     if generated_index:
         names.add(INDEX_NAME)
     stale_weights = sorted(n for n in dest if n not in names and (n.endswith(".safetensors") or n == INDEX_NAME))
-    return Plan(files=plans, stale_temps=stale_temps, stale_weights=stale_weights, write_index=generated_index)
+    index_stale = generated_index and (INDEX_NAME not in dest or any(p.action == "transfer" for p in plans))
+    return Plan(
+        files=plans,
+        stale_temps=stale_temps,
+        stale_weights=stale_weights,
+        write_index=generated_index,
+        index_stale=index_stale,
+    )
 
 
 def check_space(dest: str, needed: int, margin: int, free: int) -> None:
@@ -304,32 +312,8 @@ def describe(plan: Plan) -> list[str]:
         if p.action == "transfer":
             extra = f", resuming after {p.partial} bytes" if p.partial else ""
             lines.append(f"copy {p.source.origin} -> {p.source.name} ({p.source.size} bytes; {p.reason}{extra})")
-    if plan.write_index:
+    if plan.index_stale:
         lines.append(f"write {INDEX_NAME} (the source has shards but no index)")
     lines += [f"remove {n} (not part of the source)" for n in plan.stale_weights]
     lines += [f"remove {n} (left over from an earlier transfer of another source)" for n in plan.stale_temps]
     return lines
-
-
-# ------------------------------------------------------------------ target model directory
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
-def check_model_dir(listing: set[str], config_text: str | None, path: str) -> list[str]:
-    """Problems with a served model directory that are visible without reading the weights."""
-    problems = []
-    if config_text is None:
-        problems.append(f"{path}: config.json is missing")
-    else:
-        try:
-            cfg = json.loads(config_text)
-        except ValueError as exc:
-            problems.append(f"{path}/config.json is not valid JSON ({exc})")
-        else:
-            if not isinstance(cfg, dict) or not cfg.get("architectures"):
-                problems.append(f"{path}/config.json has no 'architectures'; it is not a model config")
-    for name in TOKENIZER_FILES:
-        if name not in listing:
-            problems.append(f"{path}: {name} is missing")
-    return problems

@@ -164,7 +164,9 @@ class ActionModule(ActionBase):
 
     def _stage_remote(self, args: dict[str, Any], task_vars: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         planned = self._node(args, task_vars, step="plan")
-        if self._task.check_mode or not (planned["transfers"] or planned["stale_weights"] or planned["attrs"]):
+        if self._task.check_mode or not (
+            planned["transfers"] or planned["stale_weights"] or planned["attrs"] or planned["index_stale"]
+        ):
             return self._finish(result, planned, None if self._task.check_mode else {"changed": False})
         copied = self._node(
             args, task_vars, step="copy", files=[{**t, "kind": "transfer"} for t in planned["transfers"]]
@@ -256,7 +258,7 @@ class ActionModule(ActionBase):
         planned = self._node(args, task_vars, step="plan", files=files)
         if self._task.check_mode:
             return self._finish(result, planned, None)
-        if not (planned["transfers"] or planned["stale_weights"] or planned["attrs"] or planned["write_index"]):
+        if not (planned["transfers"] or planned["stale_weights"] or planned["attrs"] or planned["index_stale"]):
             return self._finish(result, planned, {"changed": False})
         cache_dir = os.path.expanduser(task_vars.get("model_stage_controller_cache") or "~/.cache/model_stage")
         digests: dict[str, str] = {}
