@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import grp
 import hashlib
 import json
 import os
 import pwd
 import stat
+from collections.abc import Iterator
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
@@ -431,6 +433,37 @@ def _verify(f: dict[str, Any]) -> str:
     return got
 
 
+def _already_committed(dest: str, f: dict[str, Any], records: dict[str, dict[str, Any]]) -> bool:
+    """The temporary file is gone because it is in place already, verified and recorded."""
+    if os.path.exists(f["temp"]):
+        return False
+    rec = records.get(f["name"])
+    try:
+        st = os.stat(os.path.join(dest, f["name"]))
+    except FileNotFoundError:
+        return False
+    return (
+        rec is not None
+        and rec.get("sha256") == f["digest"]
+        and (st.st_size, int(st.st_mtime)) == (f["size"], f["mtime"])
+        and (rec.get("size"), rec.get("mtime")) == (f["size"], f["mtime"])
+    )
+
+
+@contextlib.contextmanager
+def _locked(dest: str) -> Iterator[None]:
+    """One plan or commit at a time per destination (flock on the directory itself: no lock file)."""
+    if not os.path.isdir(dest):
+        yield
+        return
+    fd = os.open(dest, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def commit(module: AnsibleModule) -> dict[str, Any]:
     """Verify every transferred temporary file, then rename all into place and record them."""
     p = module.params
@@ -446,8 +479,15 @@ def commit(module: AnsibleModule) -> dict[str, Any]:
     shard_tensors: dict[str, dict[str, int]] = {}
     index_text: str | None = None
     new_records: dict[str, dict[str, Any]] = {}
+    records = parse_sidecar(_scan_dest(dest)[2])
     try:
         for f in transfers:
+            if _already_committed(dest, f, records):
+                # The same commit ran before (an SSH retry re-runs a module whose first run went on).
+                shard_tensors[f["name"]] = {} if f["name"] == INDEX_NAME else _header(os.path.join(dest, f["name"]))
+                new_records[f["name"]] = records[f["name"]]
+                f["done"] = True
+                continue
             digest = _verify(f)
             source = SourceFile(f["name"], f["origin"], int(f["size"]), int(f["mtime"]))
             new_records[f["name"]] = record(source, digest)
@@ -466,6 +506,8 @@ def commit(module: AnsibleModule) -> dict[str, Any]:
                     shard_tensors[f["name"]] = _header(path)
             if by_kind["generate_index"]:
                 index_text = render_index(build_index(shard_tensors))
+            elif index_text is None and any(f.get("done") and f["name"] == INDEX_NAME for f in transfers):
+                pass
             elif index_text is not None:
                 try:
                     index = json.loads(index_text)
@@ -479,6 +521,7 @@ def commit(module: AnsibleModule) -> dict[str, Any]:
         raise
 
     changed = False
+    transfers = [f for f in transfers if not f.get("done")]
     for f in transfers:
         os.chown(f["temp"], uid, gid)
         os.chmod(f["temp"], file_mode)
@@ -503,10 +546,10 @@ def commit(module: AnsibleModule) -> dict[str, Any]:
             os.chmod(path, file_mode)
             changed = True
     for f in by_kind["remove"]:
-        os.unlink(os.path.join(dest, f["name"]))
-        changed = True
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(dest, f["name"]))
+            changed = True
     _, _, side_text = _scan_dest(dest)
-    records = parse_sidecar(side_text)
     keep_names = {f["name"] for f in by_kind["keep"]}
     merged = {n: r for n, r in records.items() if n in keep_names}
     merged.update(new_records)
@@ -531,12 +574,13 @@ def _atomic_write(path: str, text: str, uid: int, gid: int, mode: int) -> None:
 def run(module: AnsibleModule) -> None:
     step = module.params["step"] or "plan"
     try:
-        if step == "plan":
-            result = plan(module)
-        elif step == "copy":
-            result = copy_local(module)
-        else:
-            result = commit(module)
+        with _locked(module.params["dest"]):
+            if step == "plan":
+                result = plan(module)
+            elif step == "copy":
+                result = copy_local(module)
+            else:
+                result = commit(module)
     except StageError as exc:
         module.fail_json(msg=str(exc))
     except OSError as exc:

@@ -401,3 +401,18 @@ def test_dest_that_is_a_file_is_refused(src, tmp_path, capsys):
     dest.write_text("x")
     out = call({**base(src, dest), "step": "plan", "files": [manifest(src)]}, capsys)
     assert out["msg"] == f"{dest} exists and is not a directory; model_stage_dest must be a directory"
+
+
+def test_a_commit_run_again_after_it_succeeded_is_a_no_op(src, tmp_path, capsys):
+    """An SSH retry can run the commit twice; the second finds the file in place and recorded."""
+    dest = tmp_path / "dest"
+    args = {**base(src, dest), "files": [manifest(src)]}
+    planned = call({**args, "step": "plan"}, capsys)
+    transfer(planned)
+    files = commit_files(planned)
+    first = call({**args, "step": "commit", "files": files}, capsys)
+    second = call({**args, "step": "commit", "files": files}, capsys)
+    assert first["changed"] is True
+    assert second.get("failed") is None
+    assert second["changed"] is False
+    assert second["files"] == first["files"]
