@@ -296,6 +296,19 @@ def _check_writable(dest: str) -> str:
     return where
 
 
+def listing_diff(files: dict[str, DestFile], the_plan: Any) -> tuple[str, str]:
+    """The destination's files (name, size, mtime) before and after, one per line, for --diff."""
+    before = {n: f"{n} {f.size} bytes mtime {f.mtime}" for n, f in files.items()}
+    after = dict(before)
+    for p in the_plan.transfers:
+        after[p.source.name] = f"{p.source.name} {p.source.size} bytes mtime {p.source.mtime} from {p.source.origin}"
+    if the_plan.index_stale:
+        after[INDEX_NAME] = f"{INDEX_NAME} (written from the shards' headers)"
+    for n in the_plan.stale_weights:
+        after.pop(n, None)
+    return "".join(f"{before[n]}\n" for n in sorted(before)), "".join(f"{after[n]}\n" for n in sorted(after))
+
+
 def plan(module: AnsibleModule) -> dict[str, Any]:
     p = module.params
     dest = p["dest"]
@@ -344,11 +357,7 @@ def plan(module: AnsibleModule) -> dict[str, Any]:
             changed = True
         for t in the_plan.stale_temps:
             os.unlink(os.path.join(dest, t))
-    before = sorted(files)
-    after = sorted(
-        (set(files) | {s.name for s in sources} | ({INDEX_NAME} if generated_index else set()))
-        - set(the_plan.stale_weights)
-    )
+    before, after = listing_diff(files, the_plan)
     return {
         "changed": changed,
         "actions": actions,
@@ -374,8 +383,8 @@ def plan(module: AnsibleModule) -> dict[str, Any]:
         "diff": {
             "before_header": dest,
             "after_header": dest,
-            "before": "".join(f"{n}\n" for n in before),
-            "after": "".join(f"{n}\n" for n in after),
+            "before": before,
+            "after": after,
         },
     }
 

@@ -254,7 +254,9 @@ def test_plan_in_check_mode_changes_nothing(src, tmp_path, capsys):
     assert out["changed"] is True
     assert out["actions"][0] == f"create {dest}"
     assert out["actions"][1].startswith(f"copy {src} -> model.safetensors (")
-    assert out["diff"]["after"] == "model.safetensors\n"
+    size, mtime = src.stat().st_size, int(src.stat().st_mtime)
+    assert out["diff"]["before"] == ""
+    assert out["diff"]["after"] == f"model.safetensors {size} bytes mtime {mtime} from {src}\n"
     assert not dest.exists()
 
 
