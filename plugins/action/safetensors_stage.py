@@ -32,8 +32,14 @@ for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(_HERE.parent.parent / "modu
 
 from ansible.module_utils.model_stage import (  # noqa: E402  (needs the path set above)
     INDEX_NAME,
+    SIDECAR_NAME,
+    TEMP_PREFIX,
+    DestFile,
+    SourceFile,
     StageError,
     expected_digests,
+    parse_sidecar,
+    plan_stage,
     source_layout,
 )
 from ansible.module_utils.safetensors_header import (  # noqa: E402
@@ -43,6 +49,7 @@ from ansible.module_utils.safetensors_header import (  # noqa: E402
 )
 
 MODULE = "safetensors_stage"
+_MARK = "--model-stage-sidecar--"
 _CHUNK = 8 * 1024 * 1024
 
 
@@ -78,6 +85,47 @@ def cached_sha256(path: str, cache_dir: str) -> str:
                 json.dump({**stamp, "sha256": digest}, fh)
             os.replace(tmp, entry)
         return digest
+
+
+def unchanged_on_node(listing: str, sources: list[dict[str, Any]], args: dict[str, Any]) -> dict[str, Any] | None:
+    """The sidecar's records when a ``find -printf`` listing of dest shows nothing to do, else None.
+
+    ``listing`` is ``find DEST -maxdepth 1 -printf '%P|%s|%T@|%u|%g|%m|%y\\n'``, the marker line and
+    the sidecar's text. Anything unexpected answers None: the full plan on the node decides then.
+    """
+    # become through sudo runs the command on a tty: lines end in CR LF.
+    text, sep, side = listing.replace("\r\n", "\n").partition(_MARK + "\n")
+    if not sep:
+        return None
+    entries: dict[str, tuple[int, int, str, str, int, str]] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) != 7:
+            return None
+        name, size, mtime, user, group, mode, kind = parts
+        try:
+            entries[name] = (int(size), int(float(mtime)), user, group, int(mode, 8), kind)
+        except ValueError:
+            return None
+    want_mode, want_dir = int(str(args.get("mode") or "0640"), 8), int(str(args.get("dir_mode") or "0750"), 8)
+    owner = (str(args["owner"]), str(args["group"]))
+    top = entries.pop("", None)
+    if top is None or top[5] != "d" or top[2:4] != owner or top[4] != want_dir:
+        return None
+    if len(sources) > 1 and not any(f["name"] == INDEX_NAME for f in sources):
+        return None  # a generated index: the node compares it with the shards' headers
+    dest = {n: DestFile(e[0], e[1], 0, 0, e[4]) for n, e in entries.items() if e[5] == "f"}
+    temps = {n: e[0] for n, e in entries.items() if n.startswith(TEMP_PREFIX)}
+    records = parse_sidecar(side)
+    srcs = [SourceFile(f["name"], f["origin"], f["size"], f["mtime"], f.get("sha256")) for f in sources]
+    plan = plan_stage(srcs, dest, records, temps, False)
+    if plan.transfers or plan.stale_temps or plan.stale_weights:
+        return None
+    for f in sources:
+        e = entries[f["name"]]
+        if e[2:4] != owner or e[4] != want_mode:
+            return None
+    return {f["name"]: records[f["name"]] for f in sources}
 
 
 def rsync_quote(arg: str) -> str:
@@ -206,6 +254,20 @@ class ActionModule(ActionBase):
             )
         return out
 
+    def _quick_check(self, args: dict[str, Any], files: list[dict[str, Any]]) -> dict[str, Any] | None:
+        dest = str(args["dest"]).rstrip("/") or "/"
+        cmd = (
+            f"find {shlex.quote(dest)} -maxdepth 1 -printf '%P|%s|%T@|%u|%g|%m|%y\\n'"
+            f" && echo {_MARK} && cat {shlex.quote(dest + '/' + SIDECAR_NAME)}"
+        )
+        try:
+            res = self._low_level_execute_command(cmd, sudoable=True)
+        except Exception:  # any trouble: the module decides
+            return None
+        if res.get("rc") != 0:
+            return None
+        return unchanged_on_node(res.get("stdout", ""), files, args)
+
     def _ssh_target(self, task_vars: dict[str, Any]) -> tuple[list[str], str]:
         """rsync's -e/--rsync-path options and the host prefix of the remote path."""
         conn = self._connection
@@ -255,6 +317,11 @@ class ActionModule(ActionBase):
         self, args: dict[str, Any], rsync_opts: list[str], task_vars: dict[str, Any], result: dict[str, Any]
     ) -> dict[str, Any]:
         files = self._controller_sources(args)
+        kept = self._quick_check(args, files)
+        if kept is not None:
+            # Everything in place: one stat of dest over the connection, no module, no hashing.
+            result.update(changed=False, dest=args["dest"], actions=[], transferred=[], bytes_transferred=0, files=kept)
+            return result
         planned = self._node(args, task_vars, step="plan", files=files)
         if self._task.check_mode:
             return self._finish(result, planned, None)
