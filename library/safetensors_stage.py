@@ -11,6 +11,7 @@ import json
 import os
 import pwd
 import stat
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -99,9 +100,9 @@ options:
     elements: str
     default: []
   step:
-    description: Set by the action plugin (plan, copy or commit); leave unset in tasks.
+    description: Set by the action plugin (plan, follow, copy or commit); leave unset in tasks.
     type: str
-    choices: [plan, copy, commit]
+    choices: [plan, follow, copy, commit]
   files:
     description: Set by the action plugin.
     type: list
@@ -179,7 +180,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "dir_mode": {"type": "str", "default": "0750"},
     "space_margin": {"type": "int", "default": 1073741824},
     "rsync_opts": {"type": "list", "elements": "str", "default": []},
-    "step": {"type": "str", "choices": ["plan", "copy", "commit"]},
+    "step": {"type": "str", "choices": ["plan", "follow", "copy", "commit"]},
     "files": {"type": "list", "elements": "dict"},
 }
 
@@ -410,6 +411,52 @@ def copy_local(module: AnsibleModule) -> dict[str, Any]:
     return {"changed": True, "digests": digests}
 
 
+FOLLOW_STALL_SECONDS = 15.0
+
+
+def _follow_one(path: str, size: int, stall: float) -> str | None:
+    """SHA-256 of a file read while it is being written, once it holds ``size`` bytes.
+
+    None when it stops growing for ``stall`` seconds (the transfer failed or paused): the commit
+    then hashes the finished file instead.
+    """
+    h = hashlib.sha256()
+    done = 0
+    last = time.monotonic()
+    fh = None
+    try:
+        while done < size:
+            if fh is None:
+                try:
+                    fh = open(path, "rb")  # noqa: SIM115  (kept open while the file grows)
+                except FileNotFoundError:
+                    if time.monotonic() - last > stall:
+                        return None
+                    time.sleep(0.05)
+                    continue
+            chunk = fh.read(min(8 * 1024 * 1024, size - done))
+            if chunk:
+                h.update(chunk)
+                done += len(chunk)
+                last = time.monotonic()
+            elif time.monotonic() - last > stall:
+                return None
+            else:
+                time.sleep(0.02)
+    finally:
+        if fh is not None:
+            fh.close()
+    return h.hexdigest()
+
+
+def follow(module: AnsibleModule) -> dict[str, Any]:
+    """Hash the temporary files while rsync writes them, in transfer order (overlaps the two)."""
+    prehashed = {}
+    for f in module.params["files"] or []:
+        prehashed[f["name"]] = _follow_one(f["temp"], int(f["size"]), float(f.get("stall", FOLLOW_STALL_SECONDS)))
+    return {"changed": False, "prehashed": prehashed}
+
+
 def _remove_temps(files: list[dict[str, Any]]) -> None:
     for f in files:
         with contextlib.suppress(FileNotFoundError):
@@ -427,7 +474,9 @@ def _verify(f: dict[str, Any]) -> str:
             f"{f['name']}: the transfer wrote {size} bytes but the source has {f['size']}: the copy is"
             " incomplete; run the play again"
         )
-    got = sha256_file(temp)
+    # A digest taken while the file was written counts only if it is the right one; otherwise the
+    # finished file is read again (rsync may have rewritten part of it after a failed check).
+    got = f["digest"] if f.get("prehashed") == f["digest"] else sha256_file(temp)
     if got != f["digest"]:
         if f["digest_from"] == "inventory":
             raise StageError(
@@ -566,7 +615,8 @@ def commit(module: AnsibleModule) -> dict[str, Any]:
     if side != side_text:
         _atomic_write(os.path.join(dest, SIDECAR_NAME), side, uid, gid, 0o644)
     _fsync_dir(dest)
-    return {"changed": changed, "files": merged, "transferred": sorted(new_records)}
+    reread = sorted(f["name"] for f in transfers if f.get("prehashed") != f["digest"])
+    return {"changed": changed, "files": merged, "transferred": sorted(new_records), "reread": reread}
 
 
 def _atomic_write(path: str, text: str, uid: int, gid: int, mode: int) -> None:
@@ -586,6 +636,8 @@ def run(module: AnsibleModule) -> None:
         with _locked(module.params["dest"]):
             if step == "plan":
                 result = plan(module)
+            elif step == "follow":
+                result = follow(module)
             elif step == "copy":
                 result = copy_local(module)
             else:

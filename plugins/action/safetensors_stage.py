@@ -185,6 +185,7 @@ class ActionModule(ActionBase):
         )
         if done:
             result["files"] = done.get("files", {})
+            result["reread"] = done.get("reread", [])
         if result["changed"]:
             result["diff"] = planned["diff"]
         return result
@@ -342,27 +343,47 @@ class ActionModule(ActionBase):
         hasher = threading.Thread(target=hash_sources, daemon=True)
         hasher.start()
         ssh_opts, prefix = self._ssh_target(task_vars)
-        for t in planned["transfers"]:
-            cmd = [
-                "rsync",
-                "--times",
-                "--partial",
-                "--append-verify",
-                "--chmod=F0600",
-                "--timeout=300",
-                *ssh_opts,
-                *rsync_opts,
-                t["origin"],
-                prefix + t["temp"],
-            ]
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if proc.returncode != 0:
-                raise StageError(
-                    f"rsync of {t['origin']} to {t['temp']} failed (exit {proc.returncode}):"
-                    f" {proc.stderr.strip()[-1500:]}. The partial copy is kept; the next run resumes it."
-                )
+        failures: list[str] = []
+
+        def transfer() -> None:
+            for t in planned["transfers"]:
+                cmd = [
+                    "rsync",
+                    "--times",
+                    "--partial",
+                    "--append-verify",
+                    "--chmod=F0600",
+                    "--timeout=300",
+                    *ssh_opts,
+                    *rsync_opts,
+                    t["origin"],
+                    prefix + t["temp"],
+                ]
+                proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                if proc.returncode != 0:
+                    failures.append(
+                        f"rsync of {t['origin']} to {t['temp']} failed (exit {proc.returncode}):"
+                        f" {proc.stderr.strip()[-1500:]}. The partial copy is kept; the next run resumes it."
+                    )
+                    return
+
+        mover = threading.Thread(target=transfer, daemon=True)
+        mover.start()
+        # Meanwhile the node hashes what arrives, so the commit need not read the files again.
+        try:
+            follow = [{"name": t["name"], "temp": t["temp"], "size": t["size"]} for t in planned["transfers"]]
+            prehashed = self._node(args, task_vars, step="follow", files=follow).get("prehashed", {})
+        except AnsibleActionFail:
+            prehashed = {}
+        mover.join()
+        if failures:
+            raise StageError(failures[0])
         hasher.join()
         if errors:
             raise StageError(f"cannot hash the source on the controller: {errors[0]}")
-        done = self._node(args, task_vars, step="commit", files=self._commit_files(planned, digests))
+        files = self._commit_files(planned, digests)
+        for f in files:
+            if f["kind"] == "transfer":
+                f["prehashed"] = prehashed.get(f["name"])
+        done = self._node(args, task_vars, step="commit", files=files)
         return self._finish(result, planned, done)

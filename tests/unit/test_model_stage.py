@@ -418,3 +418,23 @@ def test_a_commit_run_again_after_it_succeeded_is_a_no_op(src, tmp_path, capsys)
     assert second.get("failed") is None
     assert second["changed"] is False
     assert second["files"] == first["files"]
+
+
+def test_follow_hashes_a_finished_file_and_gives_up_on_a_stalled_one(src, tmp_path):
+    assert safetensors_stage._follow_one(str(src), src.stat().st_size, 1.0) == sha(src)
+    assert safetensors_stage._follow_one(str(src), src.stat().st_size + 1, 0.2) is None
+    assert safetensors_stage._follow_one(str(tmp_path / "never"), 10, 0.2) is None
+
+
+def test_commit_trusts_a_digest_taken_during_transfer_only_when_it_is_right(src, tmp_path, capsys):
+    dest = tmp_path / "dest"
+    args = {**base(src, dest), "files": [manifest(src)]}
+    planned = call({**args, "step": "plan"}, capsys)
+    transfer(planned)
+    followed = call({**args, "step": "follow", "files": planned["transfers"]}, capsys)
+    assert followed["prehashed"] == {"model.safetensors": sha(src)}
+    files = commit_files(planned)
+    files[0]["prehashed"] = "0" * 64  # wrong: the finished file is read again
+    done = call({**args, "step": "commit", "files": files}, capsys)
+    assert done["reread"] == ["model.safetensors"]
+    assert sha(dest / "model.safetensors") == sha(src)
