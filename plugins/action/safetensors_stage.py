@@ -328,7 +328,8 @@ class ActionModule(ActionBase):
             return self._finish(result, planned, None)
         if not (planned["transfers"] or planned["stale_weights"] or planned["attrs"] or planned["index_stale"]):
             return self._finish(result, planned, {"changed": False})
-        cache_dir = os.path.expanduser(task_vars.get("model_stage_controller_cache") or "~/.cache/model_stage")
+        cache_var = task_vars.get("model_stage_controller_cache") or "~/.cache/model_stage"
+        cache_dir = os.path.expanduser(str(self._templar.template(cache_var)))
         digests: dict[str, str] = {}
         errors: list[BaseException] = []
 
