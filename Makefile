@@ -14,7 +14,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_INJECT_FACT_VARS := False
 export MOLECULE_GLOB := tests/molecule/*/molecule.yml
 
-PY_DIRS := library module_utils plugins tests
+PY_DIRS := library module_utils plugins tests roles benchmarks
 
 .PHONY: help host-deps venv lab lab-down lint unit molecule test
 
@@ -36,6 +36,8 @@ venv: host-deps $(BIN)/.installed
 lab: venv
 	$(BIN)/python tests/lab/labctl.py up --lab $(LAB) --nodes $(LAB_NODES) \
 	  --fixtures $(LAB_FIXTURES) --inventory-dir inventory/lab
+	# The controller's wheel cache (real vLLM wheels from PyPI, once) that the lab installs from.
+	$(BIN)/ansible-playbook tests/molecule/vllm_install/prepare.yml
 	$(BIN)/ansible-playbook site.yml
 
 lab-down: venv

@@ -26,7 +26,7 @@ description:
     the content (or the file attributes) change. Supports check mode, diff and backup.
   - Refuses, writing nothing, when the drafter does not fit the target (hidden size, layer ids, mask id,
     tensor layout) or when shapes cannot tell the attention layer pattern of a published drafter
-    (Qwen3.6-27B-DFlash and Qwen3.5-27B-DFlash have the same shapes): then C(layer_types) is required.
+    (Qwen3.6-27B-DFlash and Qwen3.5-27B-DFlash have the same shapes); then C(layer_types) is required.
 version_added: "1.0.0"
 author: drafter_config maintainers
 options:
@@ -139,7 +139,8 @@ ARGUMENT_SPEC = {
 
 
 def build_module() -> AnsibleModule:
-    return AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True, add_file_common_args=True)
+    # A copy: add_file_common_args adds the file options to the dict it is given.
+    return AnsibleModule(argument_spec=dict(ARGUMENT_SPEC), supports_check_mode=True, add_file_common_args=True)
 
 
 def _read_existing(path: str) -> str | None:

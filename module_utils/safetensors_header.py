@@ -19,13 +19,14 @@ import json
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 # Refuse headers larger than this; the reference implementation uses 100 MB too.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 _CHUNK = 8 * 1024 * 1024
+_FIRST_READ = 64 * 1024
 
 # Bits per element for every dtype the safetensors format defines (0.8.0).
 DTYPE_BITS: dict[str, int] = {
@@ -58,8 +59,7 @@ class SafetensorsError(ValueError):
     """A safetensors file or shard set is malformed, incomplete or unreadable."""
 
 
-@dataclass(frozen=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
     dtype: str
     shape: tuple[int, ...]
     begin: int
@@ -138,26 +138,25 @@ class Checkpoint:
         }
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise SafetensorsError(f"duplicate key {k!r}")
-        out[k] = v
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise SafetensorsError(f"duplicate key {k!r}")
+            seen.add(k)
     return out
 
 
-def _load_json(raw: bytes, what: str) -> Any:
+def _load_json(raw: bytes, what: str, strict: bool = True) -> Any:
+    """Parse JSON bytes; ``strict`` refuses duplicate keys at any depth."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SafetensorsError(f"{what} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates)
+        return json.loads(text, object_pairs_hook=_no_duplicates if strict else None)
     except SafetensorsError as exc:
         raise SafetensorsError(f"{what} has a {exc}") from None
     except RecursionError:
@@ -175,32 +174,60 @@ def parse_header_bytes(header: bytes, data_len: int, path: str) -> tuple[dict[st
     touch without gap or overlap, and the last one ends exactly at the end of the file.
     """
     where = f"{path}: header"
-    obj = _load_json(header, where)
-    if not isinstance(obj, dict):
+    obj = _load_json(header, where, strict=False)
+    # Duplicate tensor names: a plain parse keeps the last one silently. Each entry holds exactly
+    # one "data_offsets", so any other count means a duplicate (or a name containing that word):
+    # then parse again, refusing duplicate keys at any depth, to report it exactly.
+    if type(obj) is dict and header.count(b'"data_offsets"') != len(obj) - ("__metadata__" in obj):
+        obj = _load_json(header, where)
+    if type(obj) is not dict:
         raise SafetensorsError(f"{where} is JSON but not an object (got {type(obj).__name__})")
     metadata: dict[str, str] = {}
     tensors: dict[str, TensorInfo] = {}
+    spans: list[tuple[int, int, str]] = []
+    bits_of = DTYPE_BITS
+    new = tuple.__new__
     for name, entry in obj.items():
         if name == "__metadata__":
-            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+            if type(entry) is not dict or not all(type(v) is str for v in entry.values()):
                 raise SafetensorsError(f"{where}: __metadata__ must be a map of strings to strings")
             metadata = dict(entry)
             continue
-        tensors[name] = _tensor_entry(name, entry, where, path)
-    spans = sorted(tensors.items(), key=lambda kv: (kv[1].begin, kv[1].end))
+        # Fast path for a well-formed entry (exact types keep bools and floats out); anything it
+        # does not accept goes to _tensor_entry, which raises with the precise reason.
+        info = None
+        try:
+            dtype = entry["dtype"]
+            shape = entry["shape"]
+            begin, end = entry["data_offsets"]
+            bits = bits_of[dtype]
+        except (KeyError, TypeError, ValueError):
+            bits = 0
+        if bits and type(entry) is dict and type(shape) is list and type(begin) is int and type(end) is int:
+            for d in shape:
+                if type(d) is not int or d < 0:
+                    break
+                bits *= d
+            else:
+                if 0 <= begin <= end and bits == 8 * (end - begin):
+                    info = new(TensorInfo, (dtype, tuple(shape), begin, end, path))
+        if info is None:
+            info = _tensor_entry(name, entry, where, path)
+        tensors[name] = info
+        spans.append((info[2], info[3], name))
+    spans.sort()
     offset = 0
     prev = None
-    for name, t in spans:
-        if t.begin != offset:
-            if t.begin < offset:
+    for begin, end, name in spans:
+        if begin != offset:
+            if begin < offset:
                 raise SafetensorsError(
-                    f"{where}: tensor {name!r} bytes [{t.begin}, {t.end}) overlap tensor {prev!r}"
-                    f" which ends at {offset}"
+                    f"{where}: tensor {name!r} bytes [{begin}, {end}) overlap tensor {prev!r} which ends at {offset}"
                 )
             raise SafetensorsError(
-                f"{where}: gap in the data buffer between byte {offset} and tensor {name!r} at {t.begin}"
+                f"{where}: gap in the data buffer between byte {offset} and tensor {name!r} at {begin}"
             )
-        offset = t.end
+        offset = end
         prev = name
     if offset != data_len:
         if offset > data_len:
@@ -217,34 +244,41 @@ def parse_header_bytes(header: bytes, data_len: int, path: str) -> tuple[dict[st
 
 
 def _tensor_entry(name: str, entry: Any, where: str, path: str) -> TensorInfo:
-    if not isinstance(entry, dict):
+    # Exact type checks (``type(x) is int``) keep bools and floats out and are the fast path:
+    # a 27B checkpoint has hundreds of entries per shard.
+    if type(entry) is not dict:
         raise SafetensorsError(f"{where}: entry {name!r} must be an object with dtype, shape, data_offsets")
-    missing = {"dtype", "shape", "data_offsets"} - set(entry)
-    if missing:
-        raise SafetensorsError(f"{where}: entry {name!r} lacks {', '.join(sorted(missing))}")
-    dtype = entry["dtype"]
-    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+    dtype = entry.get("dtype")
+    shape = entry.get("shape")
+    offs = entry.get("data_offsets")
+    if dtype is None or shape is None or offs is None:
+        missing = sorted({"dtype", "shape", "data_offsets"} - set(entry))
+        raise SafetensorsError(f"{where}: entry {name!r} lacks {', '.join(missing) or 'a non-null value'}")
+    bits_per = DTYPE_BITS.get(dtype) if type(dtype) is str else None
+    if bits_per is None:
         raise SafetensorsError(f"{where}: tensor {name!r} has unknown dtype {dtype!r}; known: {', '.join(DTYPE_BITS)}")
-    shape = entry["shape"]
-    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+    if type(shape) is not list:
         raise SafetensorsError(f"{where}: tensor {name!r} shape must be a list of non-negative integers")
-    offs = entry["data_offsets"]
-    if not (isinstance(offs, list) and len(offs) == 2 and all(_is_int(o) and o >= 0 for o in offs)):
-        raise SafetensorsError(f"{where}: tensor {name!r} data_offsets must be [begin, end], non-negative integers")
-    begin, end = offs
-    if end < begin:
-        raise SafetensorsError(f"{where}: tensor {name!r} data_offsets end {end} is before begin {begin}")
     numel = 1
     for d in shape:
+        if type(d) is not int or d < 0:
+            raise SafetensorsError(f"{where}: tensor {name!r} shape must be a list of non-negative integers")
         numel *= d
-    bits = numel * DTYPE_BITS[dtype]
+    if type(offs) is not list or len(offs) != 2:
+        raise SafetensorsError(f"{where}: tensor {name!r} data_offsets must be [begin, end], non-negative integers")
+    begin, end = offs
+    if type(begin) is not int or type(end) is not int or begin < 0:
+        raise SafetensorsError(f"{where}: tensor {name!r} data_offsets must be [begin, end], non-negative integers")
+    if end < begin:
+        raise SafetensorsError(f"{where}: tensor {name!r} data_offsets end {end} is before begin {begin}")
+    bits = numel * bits_per
     if bits % 8:
         raise SafetensorsError(f"{where}: tensor {name!r} of {numel} x {dtype} does not fill whole bytes")
     if bits // 8 != end - begin:
         raise SafetensorsError(
             f"{where}: tensor {name!r} is {dtype} {shape} = {bits // 8} bytes but data_offsets span {end - begin} bytes"
         )
-    return TensorInfo(dtype=dtype, shape=tuple(shape), begin=begin, end=end, file=path)
+    return TensorInfo(dtype, tuple(shape), begin, end, path)
 
 
 def read_file_header(path: str, checksum: str = "none") -> FileHeader:
@@ -252,49 +286,56 @@ def read_file_header(path: str, checksum: str = "none") -> FileHeader:
     if checksum not in ("none", "sha256"):
         raise SafetensorsError(f"checksum must be 'none' or 'sha256', not {checksum!r}")
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            prefix = fh.read(8)
-            if len(prefix) < 8:
-                raise SafetensorsError(
-                    f"{path}: only {size} bytes, too short for a safetensors file (8-byte length prefix"
-                    " missing): the file is truncated or not safetensors"
-                )
-            (n,) = struct.unpack("<Q", prefix)
-            if n > MAX_HEADER_BYTES:
-                raise SafetensorsError(
-                    f"{path}: header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit: not a"
-                    " safetensors file, or a corrupt one"
-                )
-            if 8 + n > size:
-                raise SafetensorsError(
-                    f"{path}: header claims {n} bytes but the file has only {size - 8} after the length"
-                    " prefix: the file is truncated (an incomplete download?) or not safetensors"
-                )
-            if n < 2:
-                raise SafetensorsError(f"{path}: header length {n} is too small to hold a JSON object")
-            header = fh.read(n)
-            digest = _sha256(fh) if checksum == "sha256" else None
-    except SafetensorsError:
-        raise
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise SafetensorsError(f"{path}: does not exist") from None
+    except OSError as exc:
+        raise SafetensorsError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        size = os.fstat(fd).st_size
+        # One read usually brings the length prefix and the whole header.
+        head = os.pread(fd, _FIRST_READ, 0)
+        if len(head) < 8:
+            raise SafetensorsError(
+                f"{path}: only {size} bytes, too short for a safetensors file (8-byte length prefix"
+                " missing): the file is truncated or not safetensors"
+            )
+        (n,) = struct.unpack_from("<Q", head)
+        if n > MAX_HEADER_BYTES:
+            raise SafetensorsError(
+                f"{path}: header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit: not a"
+                " safetensors file, or a corrupt one"
+            )
+        if 8 + n > size:
+            raise SafetensorsError(
+                f"{path}: header claims {n} bytes but the file has only {size - 8} after the length"
+                " prefix: the file is truncated (an incomplete download?) or not safetensors"
+            )
+        if n < 2:
+            raise SafetensorsError(f"{path}: header length {n} is too small to hold a JSON object")
+        header = head[8 : 8 + n] if len(head) >= 8 + n else os.pread(fd, n, 8)
+        digest = _sha256(fd) if checksum == "sha256" else None
     except IsADirectoryError:
         raise SafetensorsError(f"{path}: is a directory, expected a .safetensors file") from None
     except OSError as exc:
         raise SafetensorsError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if len(header) != n:
         raise SafetensorsError(f"{path}: file shrank while reading the header")
     tensors, metadata = parse_header_bytes(header, size - 8 - n, path)
     return FileHeader(path=path, size=size, header_len=n, tensors=tensors, metadata=metadata, sha256=digest)
 
 
-def _sha256(fh: Any) -> str:
-    fh.seek(0)
+def _sha256(fd: int) -> str:
     h = hashlib.sha256()
+    offset = 0
     while True:
-        chunk = fh.read(_CHUNK)
+        chunk = os.pread(fd, _CHUNK, offset)
         if not chunk:
             return h.hexdigest()
         h.update(chunk)
+        offset += len(chunk)
 
 
 def _read_index(index_path: str) -> tuple[dict[str, str], dict[str, Any]]:
@@ -311,11 +352,16 @@ def _read_index(index_path: str) -> tuple[dict[str, str], dict[str, Any]]:
     wmap = obj["weight_map"]
     if not wmap:
         raise SafetensorsError(f"{index_path}: weight_map is empty")
-    for name, shard in wmap.items():
-        if not isinstance(shard, str) or not shard or shard != os.path.basename(shard) or shard in (".", ".."):
-            raise SafetensorsError(
-                f"{index_path}: weight_map entry {name!r} -> {shard!r} is not a plain file name in the same directory"
-            )
+
+    def plain(shard: Any) -> bool:
+        return type(shard) is str and shard not in ("", ".", "..") and shard == os.path.basename(shard)
+
+    # Check each distinct shard name once (a 27B index maps hundreds of tensors to a dozen files).
+    if not all(type(v) is str for v in wmap.values()) or not all(plain(v) for v in set(wmap.values())):
+        name, shard = next((n, v) for n, v in wmap.items() if not plain(v))
+        raise SafetensorsError(
+            f"{index_path}: weight_map entry {name!r} -> {shard!r} is not a plain file name in the same directory"
+        )
     meta = obj.get("metadata", {})
     if meta is None:
         meta = {}
@@ -342,8 +388,6 @@ def inspect_path(path: str, checksum: str = "none") -> Checkpoint:
                 " cannot tell which tensors belong together; add the index or keep one file"
             )
         path = os.path.join(path, found[0])
-    elif not os.path.exists(path):
-        raise SafetensorsError(f"{path}: does not exist")
     fh = read_file_header(path, checksum)
     return Checkpoint(files=[fh], tensors=dict(fh.tensors), metadata=dict(fh.metadata))
 
@@ -355,6 +399,7 @@ def inspect_shards(index_path: str, checksum: str = "none") -> Checkpoint:
     shard_names = sorted(set(wmap.values()))
     files: list[FileHeader] = []
     tensors: dict[str, TensorInfo] = {}
+    holder: dict[str, str] = {}
     metadata: dict[str, str] = {}
     for shard in shard_names:
         shard_path = os.path.join(base, shard)
@@ -364,19 +409,19 @@ def inspect_shards(index_path: str, checksum: str = "none") -> Checkpoint:
         files.append(fh)
         for name, t in fh.tensors.items():
             if name in tensors:
-                raise SafetensorsError(f"tensor {name!r} is in both {os.path.basename(tensors[name].file)} and {shard}")
+                raise SafetensorsError(f"tensor {name!r} is in both {holder[name]} and {shard}")
             tensors[name] = t
+            holder[name] = shard
         metadata.update(fh.metadata)
-    for name, shard in sorted(wmap.items()):
-        t = tensors.get(name)
-        if t is None:
-            raise SafetensorsError(f"{index_path}: tensor {name!r} is mapped to {shard} but no shard holds it")
-        if os.path.basename(t.file) != shard:
-            raise SafetensorsError(
-                f"{index_path}: tensor {name!r} is mapped to {shard} but it is in {os.path.basename(t.file)}"
-            )
-    unindexed = sorted(set(tensors) - set(wmap))
-    if unindexed:
+    if holder != wmap:
+        for name, shard in sorted(wmap.items()):
+            if name not in holder:
+                raise SafetensorsError(f"{index_path}: tensor {name!r} is mapped to {shard} but no shard holds it")
+            if holder[name] != shard:
+                raise SafetensorsError(
+                    f"{index_path}: tensor {name!r} is mapped to {shard} but it is in {holder[name]}"
+                )
+        unindexed = sorted(set(holder) - set(wmap))
         raise SafetensorsError(
             f"{index_path}: {len(unindexed)} tensor(s) in the shards are missing from the index"
             f" (first: {unindexed[0]!r}); the index does not match these shards"

@@ -7,9 +7,14 @@ directory; pytest has no such hook, so we extend the package path once here.
 import sys
 from pathlib import Path
 
-import ansible.module_utils
+# torch's dynamo wraps sys.intern when it is first imported and refuses the wrapper that Ansible's
+# controller code installs over it; importing it before anything of Ansible keeps both working
+# in one test process (the DDTree tree tests trace operators through it).
+import torch._dynamo  # noqa: F401  isort: skip
+import ansible.module_utils  # isort: skip
 
 REPO = Path(__file__).resolve().parent.parent
 ansible.module_utils.__path__.append(str(REPO / "module_utils"))
 sys.path.insert(0, str(REPO / "library"))
 sys.path.insert(0, str(REPO / "plugins" / "filter"))
+sys.path.insert(0, str(REPO / "plugins" / "callback"))

@@ -30,7 +30,7 @@ for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(_HERE.parent.parent / "modu
     if os.path.isdir(_p) and _p not in ansible.module_utils.__path__:
         ansible.module_utils.__path__.append(_p)
 
-from ansible.module_utils.model_stage import (  # noqa: E402  (needs the path set above)
+from ansible.module_utils.model_stage import (
     INDEX_NAME,
     SIDECAR_NAME,
     TEMP_PREFIX,
@@ -42,7 +42,7 @@ from ansible.module_utils.model_stage import (  # noqa: E402  (needs the path se
     plan_stage,
     source_layout,
 )
-from ansible.module_utils.safetensors_header import (  # noqa: E402
+from ansible.module_utils.safetensors_header import (
     SafetensorsError,
     inspect_shards,
     read_file_header,

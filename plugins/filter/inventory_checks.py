@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import yaml
 
 # Variables that existed once and were removed or renamed: name -> what to do instead.
@@ -32,11 +33,16 @@ _TYPES: dict[str, tuple[type, ...]] = {
 def load_specs(roles_dir: str) -> dict[str, dict[str, Any]]:
     """Every role's entry-point options, flattened to {variable name: option spec}."""
     specs: dict[str, dict[str, Any]] = {}
-    for path in sorted(Path(roles_dir).glob("*/meta/argument_specs.yml")):
+    files = [(p, p.parts[-3]) for p in sorted(Path(roles_dir).glob("*/meta/argument_specs.yml"))]
+    # The rollout's own variables sit beside the playbooks that read them.
+    rollout = Path(roles_dir).parent / "playbooks" / "vars" / "rollout_argument_specs.yml"
+    if rollout.exists():
+        files.append((rollout, "rollout"))
+    for path, owner in files:
         data = yaml.safe_load(path.read_text()) or {}
         for entry in (data.get("argument_specs") or {}).values():
             for name, opt in (entry.get("options") or {}).items():
-                specs[name] = dict(opt or {}, role=path.parts[-3])
+                specs[name] = dict(opt or {}, role=owner)
     return specs
 
 
@@ -58,8 +64,13 @@ def type_problem(name: str, value: Any, spec: Mapping[str, Any]) -> str | None:
     if not isinstance(value, _TYPES.get(want, (object,))):
         return f"{name} must be a {want}, but the inventory gives {type(value).__name__} {value!r}."
     choices = spec.get("choices")
-    if choices and value not in choices:
-        return f"{name} is {value!r}; it must be one of: {', '.join(map(str, choices))}."
+    if choices:
+        # A list option's choices apply to each element.
+        values = value if want == "list" else [value]
+        bad = [v for v in values if v not in choices]
+        if bad:
+            what = f"has {bad[0]!r}" if want == "list" else f"is {value!r}"
+            return f"{name} {what}; it must be one of: {', '.join(map(str, choices))}."
     return None
 
 
@@ -87,7 +98,10 @@ def inventory_problems(
             hint = f" Did you mean {close[0]}?" if close else ""
             problems.append(f"{name} is not a variable of any role.{hint}")
             continue
-        problem = type_problem(name, hostvars[name], specs[name])
+        value = hostvars[name]
+        if isinstance(value, jinja2.Undefined):
+            continue  # refers to a role default: the role's own argument spec checks it on entry
+        problem = type_problem(name, value, specs[name])
         if problem:
             problems.append(problem)
     return [f"{host}: {p}" for p in problems]

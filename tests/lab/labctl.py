@@ -228,7 +228,7 @@ def ensure_bridge(lab: Lab) -> None:
 def fixture_gpu_count(fixture: str) -> int:
     csv = FIXTURES / fixture / "query-gpu-noheader.csv"
     if not csv.exists():
-        have = ", ".join(sorted(p.name for p in FIXTURES.iterdir()))
+        have = ", ".join(sorted(p.name for p in FIXTURES.iterdir() if p.is_dir()))
         raise LabError(f"unknown nvidia-smi fixture {fixture!r}; available: {have}")
     return sum(1 for line in csv.read_text().splitlines() if line.strip())
 
@@ -452,6 +452,7 @@ def write_inventory(lab: Lab, inv_dir: Path) -> None:
             f"          ansible_host: {n.address}",
             f"          lab_fixture: {n.fixture}",
             f"          lab_container_config: {LXC_PATH / n.name / 'config'}",
+            f"          gpu_check_gpu_count: {fixture_gpu_count(n.fixture)}",
         ]
     lines += [
         "      vars:",
@@ -567,6 +568,13 @@ def main(argv: list[str]) -> int:
     except LabError as e:
         print(f"lab: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(
+            f"lab: interrupted; run 'labctl.py {a.cmd} --lab {a.lab}' again: it repairs half-made nodes "
+            f"(or 'labctl.py down --lab {a.lab}' removes everything)",
+            file=sys.stderr,
+        )
+        return 130
     return 0
 
 

@@ -6,9 +6,9 @@ import json
 import re
 
 import pytest
-import targets
 from ansible.module_utils.dflash_drafter import (
     DFlashConfigError,
+    build_config,
     find_mask_token_id,
     generate,
     infer_drafter,
@@ -16,7 +16,7 @@ from ansible.module_utils.dflash_drafter import (
     target_layer_ids_rule,
 )
 from ansible.module_utils.safetensors_header import inspect_path
-from safetensors_files import QWEN3_8B_DFLASH, QWEN36_27B_DFLASH, dflash_shapes, write_real, write_sparse
+from safetensors_files import QWEN3_8B_DFLASH, QWEN36_27B_DFLASH, dflash_shapes, fake, write_real, write_sparse
 
 SLIDING4_FULL1 = ["sliding_attention"] * 4 + ["full_attention"]
 
@@ -67,6 +67,8 @@ QWEN36_27B_DFLASH_CONFIG = """{
 }
 """
 
+targets = fake("target_configs")
+
 
 def refuses(text):
     """Expect a refusal whose message contains ``text`` literally."""
@@ -98,7 +100,9 @@ def test_qwen36_27b_dflash_gives_the_published_config(qwen36):
     text, _, report = generate(tensors, target, layer_types=SLIDING4_FULL1, sliding_window=2048)
     assert text == QWEN36_27B_DFLASH_CONFIG
     assert report["published_match"] == "Qwen3.6-27B-DFlash"
-    assert report["mask_token_id_source"] == "first id past the target tokenizer's tokens (tokenizer.json)"
+    assert report["mask_token_id_source"] == (
+        "first id past the target tokenizer's tokens (tokenizer.json + tokenizer_config.json)"
+    )
     assert report["target_layer_ids_source"] == "DFlash default rule for 64 target layers and 5 draft layers"
     assert report["drafter"] == {
         "hidden_size": 5120,
@@ -422,3 +426,37 @@ def test_refuse_bad_target_config(tmp_path, config, message):
 def test_refuse_missing_target_config(tmp_path):
     with refuses("config.json does not exist"):
         read_target(str(tmp_path))
+
+
+def test_fuzz_random_drafter_shapes_never_traceback(tmp_path):
+    """Seeded: drop, add and reshape tensors of a valid drafter; only refusals or a config, never a crash."""
+    import random
+
+    target = read_target(str(targets.tiny(tmp_path)))
+    base = {n: ("F16", s) for n, s in dflash_shapes(64, 2, 4, 2, 16, 128, 2).items()}
+    rng = random.Random(1130)
+    names = sorted(base)
+    outcomes = {"ok": 0, "refused": 0}
+    for _ in range(2000):
+        t = dict(base)
+        for _ in range(rng.randint(1, 3)):
+            op = rng.randrange(4)
+            name = rng.choice(names)
+            if op == 0:
+                t.pop(name, None)
+            elif op == 1:
+                dims = [rng.choice([0, 1, 2, 16, 32, 64, 100, 128, 192]) for _ in range(rng.randint(0, 3))]
+                t[name] = ("F16", tuple(dims))
+            elif op == 2:
+                t[f"layers.{rng.randint(0, 4)}.{name.split('.', 2)[-1]}"] = t.get(name, ("F16", (64,)))
+            else:
+                t[name] = (rng.choice(["F16", "BF16", "I8", "F32"]), t.get(name, ("F16", (1,)))[1])
+        try:
+            shape = infer_drafter(t, target_vocab=1000)
+            build_config(shape, target, mask_token_id=990)
+            outcomes["ok"] += 1
+        except DFlashConfigError as exc:
+            assert str(exc)
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 1500
+    assert outcomes["ok"] > 0

@@ -74,7 +74,22 @@ def test_removed_variables_say_what_to_do(roles: str) -> None:
         (None, {"type": "int"}, None),
         ({"a": 1}, {"type": "dict"}, None),
         ("no", {"type": "str"}, None),
+        (["a", "b"], {"type": "list", "choices": ["a", "b"]}, None),
+        (["a", "c"], {"type": "list", "choices": ["a", "b"]}, "x has 'c'; it must be one of: a, b."),
     ],
 )
 def test_type_rules(value, spec, expected) -> None:
     assert type_problem("x", value, spec) == expected
+
+
+def test_the_rollout_variables_are_checked_from_their_spec_beside_the_playbooks(tmp_path: Path) -> None:
+    (tmp_path / "roles").mkdir()
+    (tmp_path / "playbooks" / "vars").mkdir(parents=True)
+    (tmp_path / "playbooks" / "vars" / "rollout_argument_specs.yml").write_text(
+        "argument_specs:\n  main:\n    options:\n      rollout_serial: {type: list}\n"
+    )
+    hv = {"ansible_host": "h", "rollout_serial": "1", "rollout_serail": [1]}
+    assert inventory_problems(hv, "n", str(tmp_path / "roles")) == [
+        "n: rollout_serail is not a variable of any role. Did you mean rollout_serial?",
+        "n: rollout_serial must be a list, but the inventory gives str '1'.",
+    ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import struct
 
 import numpy as np
@@ -298,3 +299,21 @@ def test_fuzz_random_header_mutations_never_traceback(tmp_path):
             outcomes["error"] += 1
     assert outcomes["error"] > 2500
     assert outcomes["ok"] > 0
+
+
+@pytest.mark.parametrize(
+    ("index", "message"),
+    [
+        ("{not json", "is not valid JSON"),
+        ('{"weight_map": []}', "must be a JSON object with a 'weight_map' object"),
+        ("[1]", "must be a JSON object with a 'weight_map' object"),
+        ('{"weight_map": {"a": "s1.safetensors"}, "metadata": 5}', "'metadata' must be an object"),
+        ('{"weight_map": {"a": 7}}', "is not a plain file name"),
+        ('{"weight_map": {"a": "s1.safetensors", "a": "s1.safetensors"}}', "duplicate key 'a'"),
+    ],
+)
+def test_bad_index_files(tmp_path, index, message):
+    write_real(tmp_path / "s1.safetensors", {"a": (2,)})
+    (tmp_path / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(SafetensorsError, match=re.escape(message)):
+        inspect_path(str(tmp_path))

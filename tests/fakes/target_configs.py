@@ -1,8 +1,9 @@
-"""Target model directories for the drafter tests: config.json and tokenizer files only.
+"""Test double for target model directories (Qwen3.6-27B, Qwen3-8B, a tiny Qwen3): config.json and tokenizer only.
 
-Shaped like the published targets' files (Qwen3.6-27B nests its text settings under
-``text_config``; Qwen3-8B is flat). The tokenizers hold a real-size base vocabulary and the
-added special tokens after it, so the first free id is the published mask token id.
+What the DFlash config builder reads of a target: config.json (Qwen3.6-27B nests its text
+settings under ``text_config``; Qwen3-8B is flat) and the tokenizer files. Qwen3.6-27B is the
+lab's own double (target_model.py). The Qwen3-8B tokenizer holds its real base vocabulary size
+and 26 added special tokens after it, so the first free id is the published mask token id.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+import target_model
 
 
 def _tokenizer(base: int, added: int) -> dict[str, Any]:
@@ -28,33 +31,8 @@ def write_target(directory: Path, config: dict[str, Any], tokenizer: dict[str, A
     return directory
 
 
-QWEN36_27B_CONFIG: dict[str, Any] = {
-    "architectures": ["Qwen3_5ForConditionalGeneration"],
-    "model_type": "qwen3_5",
-    "tie_word_embeddings": False,
-    "text_config": {
-        "model_type": "qwen3_5_text",
-        "hidden_size": 5120,
-        "num_hidden_layers": 64,
-        "num_attention_heads": 24,
-        "num_key_value_heads": 4,
-        "head_dim": 256,
-        "intermediate_size": 17408,
-        "vocab_size": 248320,
-        "max_position_embeddings": 262144,
-        "rms_norm_eps": 1e-06,
-        "hidden_act": "silu",
-        "full_attention_interval": 4,
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": 10000000,
-            "partial_rotary_factor": 0.25,
-            "mrope_section": [11, 11, 10],
-            "mrope_interleaved": True,
-        },
-    },
-    "vision_config": {"hidden_size": 1152},
-}
+# The lab double's config.json (text settings under text_config).
+QWEN36_27B_CONFIG: dict[str, Any] = target_model.config()
 
 QWEN3_8B_CONFIG: dict[str, Any] = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -76,8 +54,9 @@ QWEN3_8B_CONFIG: dict[str, Any] = {
 
 
 def qwen36_27b(directory: Path) -> Path:
-    """248044 base tokens + 26 added: the first free id is 248070."""
-    return write_target(directory, QWEN36_27B_CONFIG, _tokenizer(248044, 26))
+    """The lab's Qwen3.6-27B double: 248044 base tokens + 26 added, the first free id is 248070."""
+    target_model.write(directory)
+    return directory
 
 
 def qwen3_8b(directory: Path) -> Path:

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Header inspection time: our standard-library parser vs safetensors.safe_open, flat in file size.
+
+Builds sparse checkpoints (real headers, data a hole: full size, almost no disk) in a temporary
+directory: a 1 MB file, a 3.46 GB file with the Qwen3.6-27B-DFlash drafter's tensors, and a
+~57 GB 12-shard checkpoint shaped like a 27B target plus its index. For each it lists every
+tensor's name and shape, once with ``module_utils.safetensors_header.inspect_path`` (which
+also validates every header and the index) and once with ``safetensors.safe_open`` (the
+baseline: open each shard the index names, read keys and each slice's shape), and prints
+the median of the repeats and the ratio ours / baseline.
+
+Run from the repository root:  python3 benchmarks/safetensors_inspect.py [--repeats 21] [--dir /tmp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "module_utils"))
+sys.path.insert(0, str(REPO / "tests" / "unit"))
+
+from safetensors import safe_open  # noqa: E402
+from safetensors_files import QWEN36_27B_DFLASH, write_sharded, write_sparse  # noqa: E402
+from safetensors_header import inspect_path  # noqa: E402
+
+
+def target_shapes() -> dict[str, tuple[int, ...]]:
+    """A 27B-class target: 248320 x 5120 embeddings and head, 64 layers of attention + 17408 MLP."""
+    h, inter, vocab = 5120, 17408, 248320
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (vocab, h),
+        "lm_head.weight": (vocab, h),
+        "model.norm.weight": (h,),
+    }
+    for i in range(64):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (12288, h),
+            p + "self_attn.k_proj.weight": (1024, h),
+            p + "self_attn.v_proj.weight": (1024, h),
+            p + "self_attn.o_proj.weight": (h, 12288),
+            p + "self_attn.q_norm.weight": (256,),
+            p + "self_attn.k_norm.weight": (256,),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        }
+    return shapes
+
+
+def ours(path: Path) -> dict[str, tuple[int, ...]]:
+    return {name: t.shape for name, t in inspect_path(str(path)).tensors.items()}
+
+
+def baseline(path: Path) -> dict[str, tuple[int, ...]]:
+    if path.is_dir():
+        index = json.loads((path / "model.safetensors.index.json").read_text())
+        files = sorted({path / f for f in index["weight_map"].values()})
+    else:
+        files = [path]
+    out: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        with safe_open(str(f), framework="np") as st:
+            for k in st.keys():  # noqa: SIM118 - safe_open has no __iter__
+                out[k] = tuple(st.get_slice(k).get_shape())
+    return out
+
+
+def measure(path: Path, repeats: int) -> tuple[float, float]:
+    """Median seconds of ours and of the baseline, interleaved so machine noise hits both alike."""
+    mine, base = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        ours(path)
+        t1 = time.perf_counter()
+        baseline(path)
+        t2 = time.perf_counter()
+        mine.append(t1 - t0)
+        base.append(t2 - t1)
+    return statistics.median(mine), statistics.median(base)
+
+
+def size_of(path: Path) -> int:
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.iterdir())
+    return path.stat().st_size
+
+
+def disk_of(path: Path) -> int:
+    files = list(path.iterdir()) if path.is_dir() else [path]
+    return sum(f.stat().st_blocks * 512 for f in files)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=201)
+    ap.add_argument("--dir", default=None, help="where to build the sparse files (default: a temp dir)")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
+        root = Path(tmp)
+        cases = [
+            ("1 MB file", write_sparse(root / "small.safetensors", {"w": (512, 1024)})),
+            ("drafter 3.46 GB file", write_sparse(root / "drafter.safetensors", QWEN36_27B_DFLASH)),
+            ("target 12 shards", write_sharded(root / "target", target_shapes(), shards=12)),
+        ]
+        print(f"python {sys.version.split()[0]}, {a.repeats} repeats, median wall time per full listing")
+        print(f"{'case':24} {'size GB':>8} {'on disk MB':>10} {'tensors':>8}", end="")
+        print(f" {'ours ms':>9} {'safe_open ms':>12} {'ratio':>6}")
+        for label, path in cases:
+            assert ours(path) == baseline(path), f"{label}: listings differ"
+            t_ours, t_base = measure(path, a.repeats)
+            print(
+                f"{label:24} {size_of(path) / 1e9:8.2f} {disk_of(path) / 1e6:10.2f} {len(ours(path)):8d}"
+                f" {t_ours * 1e3:9.2f} {t_base * 1e3:12.2f} {t_ours / t_base:6.2f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,190 @@
+#!/usr/bin/python
+"""Apply or remove the project's hash-verified change set on the vLLM installed in a venv."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vllm_patch
+short_description: Apply or remove a hash-verified change set (DDTree, DFlash fixes) on an installed vLLM
+description:
+  - Finds vLLM in O(venv) from its dist-info METADATA, without importing it (no torch needed).
+  - Loads the change set kept for that exact vLLM release under O(changeset_root)
+    (C(vllm-<version>/manifest.json)). A release without a change set is refused.
+  - Every file the change set touches must be exactly pristine (the release's sha256) or exactly patched
+    (this change set's sha256). Anything else is refused and nothing is changed.
+  - Computes every file in memory, verifies it, then replaces the files atomically; any failure puts
+    back every file already written. Files already carrying the change set are left alone.
+  - O(state=absent) restores the release's pristine bytes exactly and removes added files.
+  - Records what it did in C(<venv>/vllm-changeset.json).
+options:
+  venv:
+    description: The virtual environment that holds vLLM (the directory with C(bin/) and C(lib/)).
+    type: path
+    required: true
+  state:
+    description: V(present) applies the change set, V(absent) restores pristine vLLM.
+    type: str
+    choices: [present, absent]
+    default: present
+  patchset:
+    description: Name of the change set; it must match the manifest kept for the installed release.
+    type: str
+    default: ddtree
+  changeset_root:
+    description: Directory holding C(vllm-<version>/) change sets (the role copies them to the node).
+    type: path
+    required: true
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+author:
+  - dflash-lab
+"""
+
+EXAMPLES = r"""
+- name: Apply the DDTree change set to vLLM 0.20.1
+  vllm_patch:
+    venv: /opt/vllm/0.20.1
+    changeset_root: /var/lib/dflash-lab/changesets
+    state: present
+
+- name: Show what would change, touching nothing
+  vllm_patch:
+    venv: /opt/vllm/0.20.1
+    changeset_root: /var/lib/dflash-lab/changesets
+  check_mode: true
+  diff: true
+
+- name: Put pristine vLLM back
+  vllm_patch:
+    venv: /opt/vllm/0.20.1
+    changeset_root: /var/lib/dflash-lab/changesets
+    state: absent
+"""
+
+RETURN = r"""
+vllm_version:
+  description: Version read from vLLM's dist-info METADATA.
+  type: str
+  returned: always
+  sample: 0.20.1
+site_packages:
+  description: The site-packages directory that holds vLLM.
+  type: str
+  returned: always
+  sample: /opt/vllm/0.20.1/lib/python3.12/site-packages
+patchset:
+  description: The change set applied or removed.
+  type: str
+  returned: always
+  sample: ddtree
+manifest_sha256:
+  description: sha256 of the change set's manifest.json.
+  type: str
+  returned: always
+  sample: feb6fb598c1635a28c8be9558309404e4161448dee012ea7f63087d292e0af97
+files_before:
+  description: State of each file before the run (pristine, patched or missing).
+  type: dict
+  returned: always
+  sample: {"vllm/config/speculative.py": "pristine", "vllm/v1/spec_decode/ddtree.py": "missing"}
+changed_files:
+  description: Files written or removed (in check mode, the ones that would be).
+  type: list
+  elements: str
+  returned: always
+  sample: ["vllm/config/speculative.py"]
+patch_state:
+  description: State of vLLM after the run, V(present) or V(absent).
+  type: str
+  returned: always
+  sample: present
+check_mode:
+  description: Whether this run only reported what it would change.
+  type: bool
+  returned: always
+  sample: false
+record_path:
+  description: JSON record of the last change written beside the venv.
+  type: str
+  returned: always
+  sample: /opt/vllm/0.20.1/vllm-changeset.json
+"""
+
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.vllm_changeset import (
+    ABSENT,
+    PRESENT,
+    RECORD_NAME,
+    ChangeSetError,
+    execute,
+    find_vllm,
+    load_changeset,
+    plan,
+    record,
+    unified_diff,
+)
+
+
+def build_module() -> AnsibleModule:
+    return AnsibleModule(
+        argument_spec=dict(
+            venv=dict(type="path", required=True),
+            state=dict(type="str", default=PRESENT, choices=[PRESENT, ABSENT]),
+            patchset=dict(type="str", default="ddtree"),
+            changeset_root=dict(type="path", required=True),
+        ),
+        supports_check_mode=True,
+    )
+
+
+def run(module: AnsibleModule) -> dict:
+    params = module.params
+    install = find_vllm(params["venv"])
+    changeset = load_changeset(params["changeset_root"], install.version, params["patchset"])
+    the_plan = plan(changeset, install.site_packages, params["state"])
+    record_path = os.path.join(params["venv"], RECORD_NAME)
+    result: dict = {
+        "changed": the_plan.changed,
+        "vllm_version": install.version,
+        "site_packages": install.site_packages,
+        "patchset": changeset.patchset,
+        "manifest_sha256": changeset.manifest_sha256,
+        "files_before": the_plan.file_states(),
+        "changed_files": the_plan.changed_paths,
+        "patch_state": params["state"],
+        "record_path": record_path,
+        "check_mode": module.check_mode,
+    }
+    if module._diff:
+        result["diff"] = [unified_diff(a.path, a.before, a.after) for a in the_plan.actions if a.changes]
+    if the_plan.changed and not module.check_mode:
+        execute(the_plan)
+        if params["state"] == PRESENT:
+            text = json.dumps(record(changeset, the_plan), indent=2, sort_keys=True) + "\n"
+            tmp = record_path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(tmp, record_path)
+        elif os.path.exists(record_path):
+            os.unlink(record_path)
+    return result
+
+
+def main() -> None:
+    module = build_module()
+    try:
+        result = run(module)
+    except ChangeSetError as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Per-host report of every run: JSON on the controller and a summary table at the end.
+
+Roles add what they found and did to one fact per host, ``dflash_report`` (a dict keyed by
+role: ``{"gpu_check": {...}, "service_swap": {...}}``), with ``ansible.builtin.set_fact`` and
+``combine``. This callback keeps the newest value per host, adds the outcome (ok, changed,
+failed with the task and its message, unreachable, not run) and, when the playbook ends,
+writes ``reports/<playbook>-<UTC time>.json`` and prints one line per host.
+"""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: rollout_report
+type: aggregate
+short_description: per-host JSON report and a summary table
+description:
+  - Collects the C(dflash_report) fact of every host and each host's outcome, writes them as JSON
+    under the report directory and prints a summary table when the playbook ends.
+requirements:
+  - enabled in ansible.cfg (callbacks_enabled)
+options:
+  report_dir:
+    description: Directory for the JSON reports, relative to the current directory.
+    default: reports
+    env:
+      - name: DFLASH_REPORT_DIR
+    ini:
+      - section: rollout_report
+        key: report_dir
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ansible.plugins.callback import CallbackBase
+
+COLUMNS = ("host", "outcome", "gpus", "serving", "acceptance", "tok/s", "note")
+
+
+def _get(report: dict[str, Any], role: str, key: str) -> Any:
+    value = (report.get(role) or {}).get(key)
+    return "-" if value in (None, "") else value
+
+
+def failure_message(result: dict[str, Any]) -> str:
+    """The operator's sentence of a failed task; for a loop, the failed items' messages."""
+    items = [r.get("msg") for r in result.get("results") or [] if isinstance(r, dict) and r.get("failed")]
+    if items:
+        return "\n".join(str(m) for m in items if m)
+    return str(result.get("msg") or "")
+
+
+def summary_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
+    """One row per host: what it runs now and, if it failed, the first reason."""
+    rows = []
+    for name in sorted(hosts):
+        h = hosts[name]
+        report = h.get("report") or {}
+        first = next((e["msg"] for e in h.get("errors") or [] if e.get("msg")), "")
+        note = first.splitlines()[0][:80] if first else ""
+        acceptance = _get(report, "service_swap", "mean_acceptance_length")
+        rows.append(
+            (
+                name,
+                h.get("outcome", "ok"),
+                str(_get(report, "gpu_check", "summary")),
+                str(_get(report, "service_swap", "serving")),
+                f"{acceptance:.2f}" if isinstance(acceptance, float) else str(acceptance),
+                str(_get(report, "service_swap", "tokens_per_second")),
+                note,
+            )
+        )
+    return rows
+
+
+def summary_table(rows: list[tuple[str, ...]]) -> str:
+    table = [COLUMNS, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table)
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "rollout_report"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.playbook = "playbook"
+        self.started = time.time()
+        self.hosts: dict[str, dict[str, Any]] = {}
+
+    def _host(self, name: str) -> dict[str, Any]:
+        return self.hosts.setdefault(name, {"outcome": "ok", "report": {}, "errors": []})
+
+    def v2_playbook_on_start(self, playbook: Any) -> None:
+        self.playbook = Path(playbook._file_name).stem
+
+    def v2_runner_on_ok(self, result: Any) -> None:
+        facts = result._result.get("ansible_facts") or {}
+        if isinstance(facts.get("dflash_report"), dict):
+            self._host(result._host.get_name())["report"] = facts["dflash_report"]
+
+    def v2_runner_on_failed(self, result: Any, ignore_errors: bool = False) -> None:
+        if ignore_errors:
+            return
+        host = self._host(result._host.get_name())
+        host["outcome"] = "failed"
+        host["errors"].append({"task": result._task.get_name(), "msg": failure_message(result._result)})
+
+    def v2_runner_on_unreachable(self, result: Any) -> None:
+        host = self._host(result._host.get_name())
+        host["outcome"] = "unreachable"
+        host["errors"].append({"task": result._task.get_name(), "msg": str(result._result.get("msg", ""))})
+
+    def v2_playbook_on_stats(self, stats: Any) -> None:
+        for name in sorted(stats.processed):
+            s = stats.summarize(name)
+            if name == "localhost" and not s.get("failures") and name not in self.hosts:
+                continue  # the controller's own checks are not a node
+            host = self._host(name)
+            host["stats"] = s
+            if host["outcome"] == "ok" and s.get("changed"):
+                host["outcome"] = "changed"
+        if not self.hosts:
+            return
+        out_dir = Path(self.get_option("report_dir"))
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.started))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / f"{self.playbook}-{stamp}.json"
+        body = {"playbook": self.playbook, "started": stamp, "hosts": self.hosts}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(body, indent=2, sort_keys=True, default=str) + "\n")
+        os.replace(tmp, path)
+        self._display.banner("ROLLOUT REPORT")
+        self._display.display(summary_table(summary_rows(self.hosts)))
+        self._display.display(f"report: {path}")

@@ -1,0 +1,342 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DDTree verification for DFlash drafts in the vLLM 0.20.1 GPU model runner.
+
+DDTree (arXiv 2604.12989) turns one DFlash drafter pass into a tree of
+``budget`` draft tokens (the most probable prefixes under the drafter's
+per-position distributions) and verifies the whole tree in one target pass.
+
+How it rides on the DFlash machinery of this release:
+
+* The scheduler and the target see ``num_speculative_tokens = budget`` draft
+  tokens per request: the tree's nodes in build order (parents before
+  children). The drafter keeps its own depth (block size - 1).
+* ``prepare_step`` (after the runner computed slot mappings) gives every draft
+  token its depth-based position (root position + depth) and hands the
+  TREE_ATTN backend one ancestor-only attention bias per request.
+* ``sample`` takes the target's choice at every node (argmax when greedy, a
+  sample of the temperature/top-k/top-p distribution otherwise), walks each
+  tree from the root (``ddtree_tree.walk_trees``) and returns the accepted
+  path's tokens plus the bonus token in the rejection sampler's layout.
+* ``compact`` moves the accepted nodes' target KV and hidden states onto the
+  consecutive slots of the accepted path, so the KV cache, the scheduler's
+  token accounting and the DFlash drafter (fed the accepted nodes' hidden
+  states) see a plain sequence again.
+* ``build`` turns the drafter's logits into the next step's trees.
+
+Trees are kept per request id between steps, so requests may join, leave or
+be reordered. Requests with draft tokens but no stored tree (drafting was
+skipped near max_model_len) verify nothing and still get their bonus token.
+Not supported: logprobs of accepted tokens, penalties/bad words on tree
+tokens, per-request seeded generators (sampling uses the global RNG).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from vllm.logger import init_logger
+from vllm.v1.outputs import SamplerOutput
+from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+from vllm.v1.spec_decode.ddtree_tree import DDTree, build_trees, walk_trees
+
+logger = init_logger(__name__)
+
+_SAMPLING_EPS = 1e-5
+
+# Per-request attention bias for the step being verified; read by the
+# TREE_ATTN metadata builder while the target's attention metadata is built.
+_STEP_ATTN_BIAS: torch.Tensor | None = None
+
+
+def current_attn_bias() -> torch.Tensor | None:
+    return _STEP_ATTN_BIAS
+
+
+def _set_attn_bias(bias: torch.Tensor | None) -> None:
+    global _STEP_ATTN_BIAS
+    _STEP_ATTN_BIAS = bias
+
+
+@dataclass
+class _StoredTrees:
+    """The trees proposed at the end of a step, rows in that step's batch order."""
+
+    req_index: dict[str, int]
+    parent: torch.Tensor  # [R, N]
+    depth: torch.Tensor  # [R, N]
+    ancestor_mask: torch.Tensor  # [R, N+1, N+1]
+
+
+@dataclass
+class _StepTrees:
+    """The trees of the batch being verified, rows in the current batch order."""
+
+    num_reqs: int
+    has_drafts: torch.Tensor  # [num_reqs] bool
+    has_tree: torch.Tensor  # [num_reqs] bool: drafts with a stored tree
+    num_drafts: torch.Tensor  # [num_reqs] int64
+    query_start: torch.Tensor  # [num_reqs] int64
+    parent: torch.Tensor  # [num_reqs, N]
+    depth: torch.Tensor  # [num_reqs, N]
+    ancestor_mask: torch.Tensor  # [num_reqs, N+1, N+1]
+    seq_positions: torch.Tensor  # [num_tokens] positions before the override
+    accepted_nodes: torch.Tensor | None = None  # [num_reqs, D]
+    num_accepted: torch.Tensor | None = None  # [num_reqs]
+
+
+class DDTreeRuntime:
+    def __init__(self, budget: int, depth: int, device: torch.device):
+        if budget < depth:
+            raise ValueError(f"ddtree budget {budget} < drafter depth {depth}")
+        self.budget = budget
+        self.depth = depth
+        self.device = device
+        self._stored: _StoredTrees | None = None
+        self._step: _StepTrees | None = None
+        self._warned: set[str] = set()
+        n = budget
+        # A request with drafts but no stored tree: every node hangs off the
+        # root at depth 1 and carries no token, so nothing is accepted.
+        self._star_parent = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self._star_depth = torch.ones(n, dtype=torch.int64, device=device)
+        star = torch.eye(n + 1, dtype=torch.bool, device=device)
+        star[:, 0] = True
+        self._star_mask = star
+        self._node_ids = torch.arange(n + 1, device=device)
+        logger.info("DDTree: budget %d nodes, drafter depth %d.", budget, depth)
+
+    def _warn_once(self, key: str, msg: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(msg)
+
+    # ------------------------------------------------------------------
+    # Drafting: logits -> trees
+    # ------------------------------------------------------------------
+    def build(self, draft_logits: torch.Tensor, req_ids: list[str]) -> torch.Tensor:
+        """``draft_logits [R, D, V]`` -> draft token ids ``[R, N]`` in node order."""
+        trees = build_trees(draft_logits, self.budget)
+        self._stored = _StoredTrees(
+            req_index={rid: i for i, rid in enumerate(req_ids[: draft_logits.shape[0]])},
+            parent=trees.parent,
+            depth=trees.depth,
+            ancestor_mask=trees.ancestor_mask,
+        )
+        return trees.tokens
+
+    def forget_trees(self) -> None:
+        """Drafting was skipped: the next step's drafts (if any) carry no tree."""
+        self._stored = None
+
+    # ------------------------------------------------------------------
+    # Verification: positions and attention bias
+    # ------------------------------------------------------------------
+    def prepare_step(
+        self,
+        req_ids: list[str],
+        num_draft_tokens: list[int],
+        query_start_loc: torch.Tensor,
+        num_computed_tokens: torch.Tensor,
+        req_indices: torch.Tensor,
+        query_pos: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> None:
+        """Give draft tokens depth-based positions and set the per-request bias.
+
+        ``positions`` (the runner's buffer, already used for slot mapping) is
+        updated in place for the tokens of requests with drafts.
+        """
+        n = self.budget
+        num_reqs = len(num_draft_tokens)
+        device = self.device
+        stored = self._stored
+        rows = [-1] * num_reqs
+        if stored is not None:
+            rows = [stored.req_index.get(rid, -1) for rid in req_ids[:num_reqs]]
+        n_draft_cpu = torch.tensor(num_draft_tokens, dtype=torch.int64)
+        rows_cpu = torch.tensor(rows, dtype=torch.int64)
+        has_drafts_cpu = n_draft_cpu > 0
+        has_tree_cpu = has_drafts_cpu & (rows_cpu >= 0)
+        if bool((has_drafts_cpu & ~has_tree_cpu).any()):
+            self._warn_once(
+                "no-tree",
+                "DDTree: some requests carry draft tokens without a tree; "
+                "they are verified as rejected (no speed-up, output unchanged).",
+            )
+        n_draft = n_draft_cpu.to(device, non_blocking=True)
+        has_drafts = has_drafts_cpu.to(device, non_blocking=True)
+        has_tree = has_tree_cpu.to(device, non_blocking=True)
+
+        parent = self._star_parent.expand(num_reqs, n).clone()
+        depth = self._star_depth.expand(num_reqs, n).clone()
+        mask = self._star_mask.expand(num_reqs, n + 1, n + 1).clone()
+        if stored is not None and bool(has_tree_cpu.any()):
+            idx = rows_cpu.clamp(min=0).to(device, non_blocking=True)
+            sel = has_tree.view(-1, 1)
+            parent = torch.where(sel, stored.parent.index_select(0, idx), parent)
+            depth = torch.where(sel, stored.depth.index_select(0, idx), depth)
+            mask = torch.where(sel.view(-1, 1, 1), stored.ancestor_mask.index_select(0, idx), mask)
+
+        # Positions: root + depth for the draft tokens of requests with drafts.
+        total = req_indices.shape[0]
+        qpos = query_pos[:total].to(torch.int64)
+        tok_has = has_drafts[req_indices] & (qpos > 0) & (qpos <= n)
+        node = (qpos - 1).clamp(0, n - 1)
+        tok_depth = depth[req_indices, node]
+        seq_positions = positions[:total].clone()
+        new_pos = num_computed_tokens[req_indices].to(torch.int64) + torch.where(tok_has, tok_depth, qpos)
+        positions[:total] = new_pos
+
+        # Bias [num_reqs, N+1, N+1]: 0 where attention is allowed; requests
+        # without drafts (decodes of one token, short prefills) stay causal.
+        allowed = mask | ~has_drafts.view(-1, 1, 1)
+        bias = torch.zeros(num_reqs, n + 1, n + 1, dtype=torch.float32, device=device)
+        bias.masked_fill_(~allowed, float("-inf"))
+        _set_attn_bias(bias)
+
+        self._step = _StepTrees(
+            num_reqs=num_reqs,
+            has_drafts=has_drafts,
+            has_tree=has_tree,
+            num_drafts=n_draft,
+            query_start=query_start_loc[:num_reqs].to(torch.int64),
+            parent=parent,
+            depth=depth,
+            ancestor_mask=mask,
+            seq_positions=seq_positions,
+        )
+
+    def end_forward(self) -> None:
+        _set_attn_bias(None)
+
+    # ------------------------------------------------------------------
+    # Acceptance
+    # ------------------------------------------------------------------
+    def _target_choices(self, logits: torch.Tensor, row_req: torch.Tensor, sampling_metadata) -> torch.Tensor:
+        raw = logits.float()
+        greedy = raw.argmax(dim=-1)
+        if sampling_metadata.all_greedy:
+            return greedy
+        temp = sampling_metadata.temperature[row_req].float()
+        is_greedy = temp < _SAMPLING_EPS
+        scaled = raw / torch.where(is_greedy, 1.0, temp).unsqueeze(-1)
+        top_k = sampling_metadata.top_k
+        top_p = sampling_metadata.top_p
+        if top_k is not None or top_p is not None:
+            scaled = apply_top_k_top_p(
+                scaled,
+                top_k[row_req] if top_k is not None else None,
+                top_p[row_req] if top_p is not None else None,
+            )
+        if sampling_metadata.generators:
+            self._warn_once(
+                "seed",
+                "DDTree: per-request seeds are not honoured; tree nodes are sampled with the global generator.",
+            )
+        probs = torch.softmax(scaled, dim=-1)
+        race = torch.empty_like(probs).exponential_()
+        sampled = (probs / race).argmax(dim=-1)
+        return torch.where(is_greedy, greedy, sampled)
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        input_ids: torch.Tensor,
+        num_draft_tokens: list[int],
+        sampling_metadata,
+    ) -> SamplerOutput:
+        """Walk every request's tree; return accepted tokens + bonus, -1 padded."""
+        self.end_forward()
+        step = self._step
+        assert step is not None, "DDTree: sample() without prepare_step()"
+        if sampling_metadata.max_num_logprobs is not None:
+            self._warn_once("logprobs", "DDTree: logprobs are not returned.")
+        if not sampling_metadata.no_penalties or sampling_metadata.bad_words_token_ids:
+            self._warn_once(
+                "penalties",
+                "DDTree: penalties and bad words are not applied to tree tokens.",
+            )
+        n = self.budget
+        num_reqs = step.num_reqs
+        device = logits.device
+        counts = torch.tensor([d + 1 for d in num_draft_tokens], dtype=torch.int64)
+        row_req_cpu = torch.repeat_interleave(torch.arange(num_reqs), counts)
+        row_req = row_req_cpu.to(device, non_blocking=True)
+        choices = self._target_choices(logits, row_req, sampling_metadata)
+
+        # [root] + nodes layout per request, -1 past the request's drafts.
+        cu = torch.cumsum(counts, 0) - counts
+        starts = cu.to(device, non_blocking=True)
+        entry = self._node_ids.view(1, -1)  # [1, N+1]
+        valid = entry <= step.num_drafts.view(-1, 1)
+        flat = (starts.view(-1, 1) + entry).clamp(max=choices.shape[0] - 1)
+        target_tokens = torch.where(valid, choices[flat], -1)
+
+        tok_idx = (step.query_start.view(-1, 1) + entry[:, 1:]).clamp(max=input_ids.shape[0] - 1)
+        # Requests without a stored tree verify nothing (no node can match).
+        node_valid = valid[:, 1:] & step.has_tree.view(-1, 1)
+        tree_tokens = torch.where(node_valid, input_ids[tok_idx].to(torch.int64), -1)
+
+        tree = DDTree(
+            tokens=tree_tokens,
+            depth=step.depth,
+            parent=step.parent,
+            scores=torch.zeros(num_reqs, n, device=device),
+            ancestor_mask=step.ancestor_mask,
+            position_offsets=torch.cat([torch.zeros_like(step.depth[:, :1]), step.depth], dim=1),
+            num_depths=self.depth,
+        )
+        walk = walk_trees(tree, target_tokens)
+        step.accepted_nodes = walk.accepted_nodes
+        step.num_accepted = walk.num_accepted
+
+        out = torch.full((num_reqs, n + 1), -1, dtype=torch.int32, device=device)
+        acc = walk.accepted_nodes  # [R, D]
+        acc_tokens = tree_tokens.gather(1, acc.clamp(min=0))
+        d = acc.shape[1]
+        out[:, :d] = torch.where(acc >= 0, acc_tokens, -1).to(torch.int32)
+        out.scatter_(1, walk.num_accepted.view(-1, 1), walk.bonus_tokens.view(-1, 1).to(torch.int32))
+        return SamplerOutput(sampled_token_ids=out, logprobs_tensors=None)
+
+    # ------------------------------------------------------------------
+    # Compaction of the accepted path
+    # ------------------------------------------------------------------
+    def compact(
+        self,
+        slot_mapping: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        row_tensors: list[torch.Tensor],
+        positions: torch.Tensor,
+    ) -> None:
+        """Move the accepted nodes (rows query_start + node + 1) to the path's
+        consecutive rows (query_start + depth) in the target KV caches and in
+        ``row_tensors`` (hidden states, input ids).
+
+        ``positions`` gets the plain sequence positions back: the accepted
+        path's depth-based positions are exactly those, and the rejected rows
+        then point past the accepted path (as in a chain), where the drafter's
+        next block overwrites them instead of colliding with accepted slots.
+        """
+        step = self._step
+        self._step = None
+        if step is None or step.accepted_nodes is None:
+            return
+        positions[: step.seq_positions.shape[0]] = step.seq_positions
+        acc = step.accepted_nodes  # [R, D] node indices, -1 padded
+        d = acc.shape[1]
+        depth_rows = torch.arange(1, d + 1, device=acc.device).view(1, -1)
+        qs = step.query_start.view(-1, 1)
+        move = (acc >= 0) & (acc + 1 != depth_rows)
+        src = (qs + acc + 1)[move]
+        dst = (qs + depth_rows).expand_as(acc)[move]
+        if src.numel() == 0:
+            return
+        src_slots = slot_mapping[src].to(torch.int64)
+        dst_slots = slot_mapping[dst].to(torch.int64)
+        for cache in kv_caches:
+            block = cache.shape[2]
+            moved = cache[:, src_slots // block, src_slots % block]
+            cache[:, dst_slots // block, dst_slots % block] = moved
+        for t in row_tensors:
+            t[dst] = t[src]

@@ -1,0 +1,70 @@
+"""Test double for the three vLLM 0.20.1 modules the DDTree runtime imports (logger, SamplerOutput, top-k/top-p).
+
+``vllm/v1/spec_decode/ddtree.py`` (added by the change set) runs inside vLLM's GPU model runner. Its
+logic (positions, attention bias, tree walk, compaction) depends only on torch; these stand-ins let
+the unit tests load the real file without vLLM (which needs CUDA). ``load_ddtree_runtime()`` returns
+the change set's ``ddtree`` module with ``vllm.v1.spec_decode.ddtree_tree`` bound to the change
+set's own ``ddtree_tree.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+FILES = Path(__file__).resolve().parents[2] / "roles" / "ddtree_patch" / "files"
+
+
+@dataclass
+class SamplerOutput:
+    """vllm.v1.outputs.SamplerOutput: the two fields the runtime fills."""
+
+    sampled_token_ids: object
+    logprobs_tensors: object
+
+
+def apply_top_k_top_p(logits, k, p):
+    """vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p, for k and p per row (or None)."""
+    import torch
+
+    out = logits.clone()
+    if k is not None:
+        kth = out.sort(dim=-1, descending=True).values.gather(1, (k.long() - 1).clamp(min=0).view(-1, 1))
+        out = out.masked_fill(out < kth, float("-inf"))
+    if p is not None:
+        probs = torch.softmax(out, dim=-1)
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_probs.cumsum(-1) - sorted_probs > p.view(-1, 1)
+        out = out.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return out
+
+
+def _module(name: str, **attrs) -> types.ModuleType:
+    mod = sys.modules.get(name) or types.ModuleType(name)
+    for key, value in attrs.items():
+        setattr(mod, key, value)
+    sys.modules[name] = mod
+    return mod
+
+
+def _load(name: str, path: Path) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def load_ddtree_runtime() -> types.ModuleType:
+    for name in ("vllm", "vllm.v1", "vllm.v1.sample", "vllm.v1.sample.ops", "vllm.v1.spec_decode"):
+        _module(name)
+    _module("vllm.logger", init_logger=logging.getLogger)
+    _module("vllm.v1.outputs", SamplerOutput=SamplerOutput)
+    _module("vllm.v1.sample.ops.topk_topp_sampler", apply_top_k_top_p=apply_top_k_top_p)
+    _load("vllm.v1.spec_decode.ddtree_tree", FILES / "common" / "ddtree_tree.py")
+    return _load("vllm.v1.spec_decode.ddtree", FILES / "vllm-0.20.1" / "added" / "ddtree.py")

@@ -1,0 +1,569 @@
+#!/usr/bin/env python3
+"""GPU proof for the ddtree change set on vLLM 0.20.1 (needs an NVIDIA GPU; see docs/ddtree_patch.md).
+
+Sub-commands:
+
+  apply SITE_PACKAGES     apply the change set (roles/ddtree_patch/files) to the vLLM installed in
+                          SITE_PACKAGES with module_utils/vllm_changeset (the vllm_patch module's
+                          engine); re-apply must change nothing. Prints a JSON report.
+  make-models DIR         tiny random models (bf16): target/ (pure-attention Qwen3, 8 layers, vocab 64)
+                          and drafter/ (DFlash, 2 layers, taps target layers [1, 5]); the drafter's
+                          config.json comes from module_utils/dflash_drafter.generate when importable.
+  gen --result FILE ...   one vllm.LLM instance: batch-1 runs (one prompt at a time), then the
+                          batch-4 run; writes token ids, spec-decode counters and timings.
+  driver MODELS OUT       every run of the proof, then OUT/summary.json (lossless checks, mean
+                          acceptance lengths, tokens/s).
+
+How the drafter agrees "often but not always" (a weakened forced-acceptance construction): every
+token embedding shares one component, so the random target emits a context-dependent mix of a few
+tokens. The mask token's embedding (the drafter shares the target's embeddings and lm_head) is set
+to a large multiple of the target's average output direction, so the drafter drafts the target's
+most frequent tokens, best first, at every depth: chains are accepted part-way, and trees gain when
+the target picks a token the chain did not draft.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+REPO = HERE.parents[2]
+sys.path.insert(0, str(REPO / "module_utils"))
+
+VOCAB = 64
+HIDDEN = 256
+LAYERS_TARGET = 8
+LAYERS_DRAFT = 2
+HEADS = 4
+KV_HEADS = 2
+HEAD_DIM = 64
+INTER = 512
+MAX_POS = 4096
+MASK_TOKEN_ID = 63
+TARGET_LAYER_IDS = [1, 5]  # DFlash rule for 8 target layers, 2 draft layers: round(1 + i * 4 / 1)
+SEED = 0
+DRAFTER_SHARPNESS = 60.0
+DEPTH = 7  # DFlash block 8: num_speculative_tokens for the chain and the DDTree depth
+
+
+def prompts() -> list[list[int]]:
+    import random
+
+    r = random.Random(1234)
+    return [[r.randrange(2, MASK_TOKEN_ID) for _ in range(n)] for n in (5, 12, 23, 40)]
+
+
+# ---------------------------------------------------------------------------
+def cmd_apply(site: str) -> int:
+    import vllm_changeset as cs
+
+    root = str(REPO / "roles" / "ddtree_patch" / "files")
+    install_version = None
+    meta = sorted(Path(site).glob("vllm-*.dist-info/METADATA"))
+    for m in meta:
+        for line in m.read_text().splitlines():
+            if line.startswith("Version:"):
+                install_version = line.split(":", 1)[1].strip()
+    changeset = cs.load_changeset(root, install_version or "0.20.1", "ddtree")
+    plan = cs.plan(changeset, site, cs.PRESENT)
+    changed = cs.execute(plan)
+    again = cs.plan(changeset, site, cs.PRESENT)
+    report = {
+        "vllm_version": install_version,
+        "manifest_sha256": changeset.manifest_sha256,
+        "found_before": plan.file_states(),
+        "changed": changed,
+        "reapply_changes": again.changed_paths,
+    }
+    print(json.dumps(report, indent=1))
+    return 0 if not again.changed else 1
+
+
+# ---------------------------------------------------------------------------
+def _drafter_config(root: str, tensors: dict) -> tuple[dict, str]:
+    try:
+        import dflash_drafter
+
+        _text, config, _report = dflash_drafter.generate(
+            tensors,
+            os.path.join(root, "target"),
+            block_size=DEPTH + 1,
+            mask_token_id=MASK_TOKEN_ID,
+            target_layer_ids=TARGET_LAYER_IDS,
+        )
+        return config, "module_utils/dflash_drafter.generate"
+    except Exception as exc:
+        error = repr(exc)
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": LAYERS_DRAFT,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "intermediate_size": INTER,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": MAX_POS,
+        "vocab_size": VOCAB,
+        "tie_word_embeddings": False,
+        "num_target_layers": LAYERS_TARGET,
+        "block_size": DEPTH + 1,
+        "dflash_config": {"mask_token_id": MASK_TOKEN_ID, "target_layer_ids": TARGET_LAYER_IDS},
+        "dtype": "bfloat16",
+    }
+    return config, f"written by tests/gpu/ddtree_gpu.py (dflash_drafter failed: {error})"
+
+
+def cmd_make_models(root: str) -> int:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3Model
+
+    os.makedirs(root, exist_ok=True)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=MAX_POS,
+        rms_norm_eps=1e-6,
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=0,
+        attention_bias=False,
+    )
+    torch.manual_seed(SEED)
+    tcfg = Qwen3Config(num_hidden_layers=LAYERS_TARGET, **common)
+    tcfg.architectures = ["Qwen3ForCausalLM"]
+    target = Qwen3ForCausalLM(tcfg).float()
+    g = torch.Generator().manual_seed(SEED + 7)
+    e = torch.randn(HIDDEN, generator=g)
+    e = e / e.norm()
+    with torch.no_grad():
+        # One component shared by every token's embedding: the random target then emits a
+        # context-dependent mix of a few tokens instead of repeating one token per prompt.
+        target.model.embed_tokens.weight.add_(e)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    target = target.to(dev).eval()
+    finals, emitted = [], []
+    with torch.no_grad():
+        for p in prompts():
+            ids = torch.tensor([p], device=dev)
+            for _ in range(48):
+                u = target.model(ids).last_hidden_state[0, -1]  # after the final norm
+                finals.append(u)
+                nxt = target.lm_head(u).argmax()
+                emitted.append(int(nxt))
+                ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+        mean_dir = torch.stack(finals).mean(0)
+        mean_dir = mean_dir / mean_dir.norm()
+        # The drafter shares this embedding table: its mask token's embedding dominates the
+        # drafter's residual stream, so its output is close to the target's average output
+        # direction: it drafts the target's most frequent tokens, best first, at every depth.
+        target.model.embed_tokens.weight[MASK_TOKEN_ID] = 100.0 * mean_dir
+        drafter_like = (16.0 * DRAFTER_SHARPNESS * target.lm_head.weight @ mean_dir).float()
+        top_v, top_i = drafter_like.topk(5)
+    counts = {t: emitted.count(t) for t in sorted(set(emitted))}
+    target = target.to("cpu").to(torch.bfloat16)
+    target.save_pretrained(os.path.join(root, "target"), safe_serialization=True)
+
+    torch.manual_seed(SEED + 1)
+    dcfg = Qwen3Config(num_hidden_layers=LAYERS_DRAFT, **common)
+    body = Qwen3Model(dcfg).to(torch.bfloat16)
+    sd = {
+        k: v.contiguous()
+        for k, v in body.state_dict().items()
+        if not k.startswith("embed_tokens") and "rotary_emb" not in k
+    }
+    gd = torch.Generator().manual_seed(SEED + 2)
+    sd["fc.weight"] = (torch.randn(HIDDEN, HIDDEN * len(TARGET_LAYER_IDS), generator=gd) * 0.02).to(torch.bfloat16)
+    sd["hidden_norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
+    # Sharpen the drafter: its final norm scales its logits, so it is confident about the
+    # target's most frequent token and gives the runner-up a real share (a tree then holds
+    # both), instead of a nearly flat distribution over the vocabulary.
+    sd["norm.weight"] = torch.full((HIDDEN,), DRAFTER_SHARPNESS, dtype=torch.bfloat16)
+    d = os.path.join(root, "drafter")
+    os.makedirs(d, exist_ok=True)
+    save_file(sd, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    tensors = {k: ("BF16", list(v.shape)) for k, v in sd.items()}
+    config, source = _drafter_config(root, tensors)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+    info = {
+        "target_greedy_token_counts_hf_fp32": counts,
+        "drafter_like_top5": {"tokens": top_i.tolist(), "logits": [round(float(v), 3) for v in top_v]},
+        "drafter_config_source": source,
+        "drafter_config": config,
+    }
+    with open(os.path.join(root, "models.json"), "w") as f:
+        json.dump(info, f, indent=1)
+    print(json.dumps(info, indent=1)[:3000])
+    return 0
+
+
+# ---------------------------------------------------------------------------
+def _metrics(llm) -> dict:
+    out: dict = {}
+    try:
+        for m in llm.get_metrics():
+            if "spec_decode" in m.name or m.name.startswith("vllm:generation_tokens"):
+                v = getattr(m, "value", None)
+                if v is None:
+                    v = getattr(m, "values", None)
+                out[m.name] = v
+    except Exception as exc:
+        out["error"] = repr(exc)
+    return out
+
+
+def _delta(after: dict, before: dict) -> dict:
+    out = {}
+    for k, v in after.items():
+        b = before.get(k)
+        if isinstance(v, int | float) and isinstance(b, int | float):
+            out[k] = v - b
+        elif isinstance(v, list) and isinstance(b, list) and len(v) == len(b):
+            out[k] = [x - y for x, y in zip(v, b, strict=False)]
+        else:
+            out[k] = v
+    return out
+
+
+def _mal(m: dict) -> float | None:
+    drafts = m.get("vllm:spec_decode_num_drafts")
+    acc = m.get("vllm:spec_decode_num_accepted_tokens")
+    if not drafts:
+        return None
+    return round(1 + acc / drafts, 4)
+
+
+def cmd_gen(a: argparse.Namespace) -> int:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kw = dict(
+        model=a.model,
+        skip_tokenizer_init=True,
+        enforce_eager=not a.graphs,
+        gpu_memory_utilization=0.25,
+        max_model_len=2048,
+        max_num_seqs=8,
+        max_num_batched_tokens=2048,
+        dtype="bfloat16",
+        seed=SEED,
+        disable_log_stats=False,
+        kv_cache_memory_bytes=2 << 30,
+    )
+    if a.graphs:
+        kw["compilation_config"] = {"max_cudagraph_capture_size": 256}
+    if a.method:
+        sc = {"method": a.method, "model": a.drafter, "num_speculative_tokens": DEPTH}
+        if a.budget:
+            sc["ddtree_budget"] = a.budget
+        kw["speculative_config"] = sc
+    if a.backend:
+        kw["attention_backend"] = a.backend
+    t0 = time.time()
+    llm = LLM(**kw)
+    init_s = time.time() - t0
+    res: dict = {"kwargs": {k: v for k, v in kw.items()}, "init_s": round(init_s, 1)}
+    if a.temperature > 0:
+        sp = SamplingParams(
+            temperature=a.temperature,
+            top_p=0.95,
+            max_tokens=a.max_tokens,
+            ignore_eos=True,
+            detokenize=False,
+            seed=None,
+        )
+    else:
+        sp = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True, detokenize=False)
+    ps = [TokensPrompt(prompt_token_ids=p) for p in prompts()]
+    # warm-up (not counted)
+    llm.generate(ps[:1], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, detokenize=False))
+    m0 = _metrics(llm)
+    t = time.time()
+    b1 = [list(llm.generate([p], sp)[0].outputs[0].token_ids) for p in ps]
+    b1_s = time.time() - t
+    m1 = _metrics(llm)
+    t = time.time()
+    b4 = [list(o.outputs[0].token_ids) for o in llm.generate(ps, sp)]
+    b4_s = time.time() - t
+    m2 = _metrics(llm)
+    d1, d4 = _delta(m1, m0), _delta(m2, m1)
+    n1 = sum(len(x) for x in b1)
+    n4 = sum(len(x) for x in b4)
+    res.update(
+        {
+            "batch1": b1,
+            "batch4": b4,
+            "batch1_s": round(b1_s, 3),
+            "batch4_s": round(b4_s, 3),
+            "batch1_tok_s": round(n1 / b1_s, 1),
+            "batch4_tok_s": round(n4 / b4_s, 1),
+            "metrics_batch1": d1,
+            "metrics_batch4": d4,
+            "mean_acceptance_length_batch1": _mal(d1),
+            "mean_acceptance_length_batch4": _mal(d4),
+        }
+    )
+    with open(a.result, "w") as f:
+        json.dump(res, f, default=str)
+    print("RESULT", json.dumps({k: v for k, v in res.items() if "batch" not in k or "tok" in k or "mean" in k}))
+    return 0
+
+
+# ---------------------------------------------------------------------------
+def _heap_reference(logits, budget: int):
+    """Reference-style step: top-k on the device, then the paper's best-first heap on the host."""
+    import heapq
+
+    import torch
+
+    depth, vocab = logits.shape
+    k = min(budget, vocab)
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    vals, ids = torch.topk(logp, k, dim=-1)
+    vals, ids = vals.cpu().tolist(), ids.cpu().tolist()  # the host round trip
+    heap = [(-vals[0][0], 0, -1, 0)]  # (-score, depth index, parent node, rank)
+    tokens, parents, depths = [], [], []
+    while heap and len(tokens) < budget:
+        neg, d, parent, r = heapq.heappop(heap)
+        node = len(tokens)
+        tokens.append(ids[d][r])
+        parents.append(parent)
+        depths.append(d + 1)
+        parent_score = -neg - vals[d][r]
+        if r + 1 < k:
+            heapq.heappush(heap, (-(parent_score + vals[d][r + 1]), d, parent, r + 1))
+        if d + 1 < depth:
+            heapq.heappush(heap, (neg - vals[d + 1][0], d + 1, node, 0))
+    return tokens, parents, depths
+
+
+def _heap_walk(tokens, parents, target):
+    children = [{} for _ in range(len(tokens) + 1)]
+    for i, (t, p) in enumerate(zip(tokens, parents, strict=False)):
+        children[p + 1][t] = i + 1
+    node, accepted = 0, []
+    while target[node] in children[node]:
+        node = children[node][target[node]]
+        accepted.append(node - 1)
+    return accepted, target[node]
+
+
+def cmd_bench_tree(out: str | None) -> int:
+    import torch
+
+    sys.path.insert(0, str(REPO / "roles" / "ddtree_patch" / "files" / "common"))
+    from ddtree_tree import build_trees, walk_trees
+
+    dev = "cuda"
+    vocab, block = 248320, 16
+    depth = block - 1
+    g = torch.Generator(device=dev).manual_seed(0)
+    logits = torch.randn(1, depth, vocab, device=dev, generator=g, dtype=torch.bfloat16) * 4
+    rows = {}
+    for budget in (16, 64, 256):
+        target = torch.randint(0, vocab, (1, budget + 1), device=dev, generator=g)
+        for _ in range(5):
+            tree = build_trees(logits, budget)
+            walk_trees(tree, target)
+        torch.cuda.synchronize()
+        reps = 50
+        t = time.perf_counter()
+        for _ in range(reps):
+            tree = build_trees(logits, budget)
+            w = walk_trees(tree, target)
+            w.num_accepted.sum().item()  # what a step needs on the host
+        torch.cuda.synchronize()
+        ours = (time.perf_counter() - t) / reps
+        tgt_cpu = target[0].tolist()
+        t = time.perf_counter()
+        for _ in range(10):
+            tokens, parents, _depths = _heap_reference(logits[0], budget)
+            _heap_walk(tokens, parents, tgt_cpu)
+        ref = (time.perf_counter() - t) / 10
+        same = tree.tokens[0].tolist() == tokens
+        rows[budget] = {
+            "ours_ms": round(ours * 1e3, 3),
+            "reference_ms": round(ref * 1e3, 3),
+            "ratio": round(ours / ref, 4),
+            "same_tree_tokens": same,
+        }
+    res = {"vocab": vocab, "block_size": block, "device": torch.cuda.get_device_name(), "per_step": rows}
+    print(json.dumps(res, indent=1))
+    if out:
+        with open(os.path.join(out, "bench_tree.json"), "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+# ---------------------------------------------------------------------------
+RUNS = {
+    # name: (args, wave)
+    "target_fa": (["--max-tokens", "64"], 0),
+    "target_tree_attn": (["--max-tokens", "64", "--backend", "TREE_ATTN"], 0),
+    "chain_k7": (["--method", "dflash", "--max-tokens", "64"], 0),
+    "ddtree_b7": (["--method", "ddtree", "--budget", "7", "--max-tokens", "64"], 1),
+    "ddtree_b16": (["--method", "ddtree", "--budget", "16", "--max-tokens", "64"], 1),
+    "ddtree_b48": (["--method", "ddtree", "--budget", "48", "--max-tokens", "64"], 1),
+    "ddtree_sampled_b16": (
+        ["--method", "ddtree", "--budget", "16", "--max-tokens", "64", "--temperature", "0.8"],
+        2,
+    ),
+    "chain_sampled": (["--method", "dflash", "--max-tokens", "64", "--temperature", "0.8"], 2),
+    "perf_target": (["--max-tokens", "256", "--graphs"], 3),
+    "perf_chain_k7": (["--method", "dflash", "--max-tokens", "256", "--graphs"], 4),
+    "perf_ddtree_b16": (["--method", "ddtree", "--budget", "16", "--max-tokens", "256", "--graphs"], 5),
+}
+
+
+def _first_diff(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare(ref: dict, run: dict) -> dict:
+    out = {}
+    for key in ("batch1", "batch4"):
+        diffs = [_first_diff(x, y) for x, y in zip(ref[key], run[key], strict=False)]
+        out[key] = {"identical": all(d is None for d in diffs), "first_divergence": diffs}
+    return out
+
+
+def cmd_driver(models: str, out: str, only: list[str] | None, budget_s: float, one_wave: bool = False) -> int:
+    os.makedirs(out, exist_ok=True)
+    t_start = time.time()
+    runs = {k: (v[0], 0 if one_wave else v[1]) for k, v in RUNS.items() if not only or k in only}
+    results: dict = {}
+    waves = sorted({w for _, w in runs.values()})
+    for wave in waves:
+        jobs = []
+        for name, (args, w) in runs.items():
+            if w != wave:
+                continue
+            if time.time() - t_start > budget_s:
+                results[name] = {"error": "skipped: time budget"}
+                continue
+            res = os.path.join(out, f"{name}.json")
+            log = open(os.path.join(out, f"{name}.log"), "w")  # noqa: SIM115 - closed after the wave
+            cmd = [sys.executable, str(HERE), "gen", "--result", res, "--model", f"{models}/target"]
+            if "--method" in args:
+                cmd += ["--drafter", f"{models}/drafter"]
+            p = subprocess.Popen(cmd + args, stdout=log, stderr=subprocess.STDOUT)
+            jobs.append((name, p, res, log))
+        for name, p, res, log in jobs:
+            try:
+                p.wait(timeout=max(30, budget_s - (time.time() - t_start)))
+            except subprocess.TimeoutExpired:
+                p.kill()
+            log.close()
+            lines = Path(log.name).read_text(errors="replace").splitlines()
+            keys = ("DDTree", "Error", "refused", "backend")
+            notes = [ln[-300:] for ln in lines if any(w in ln for w in keys)]
+            if os.path.exists(res):
+                with open(res) as f:
+                    results[name] = json.load(f)
+                results[name]["log_notes"] = notes[:25]
+            else:
+                tail = Path(log.name).read_text()[-4000:]
+                results[name] = {"error": f"rc={p.returncode}", "log_tail": tail}
+    summary: dict = {"runs": {}, "lossless": {}, "acceptance": {}, "tokens_per_s": {}}
+    for name, r in results.items():
+        summary["runs"][name] = {k: v for k, v in r.items() if k not in ("batch1", "batch4")}
+    fa, ta = results.get("target_fa", {}), results.get("target_tree_attn", {})
+    if "batch4" in fa and "batch4" in ta:
+        summary["lossless"]["target_tree_attn_vs_target_fa"] = compare(fa, ta)
+    for name in ("chain_k7", "ddtree_b7", "ddtree_b16", "ddtree_b48"):
+        r = results.get(name, {})
+        if "batch4" in r and "batch4" in fa:
+            summary["lossless"][f"{name}_vs_target_fa"] = compare(fa, r)
+        if "batch4" in r and "batch4" in ta:
+            summary["lossless"][f"{name}_vs_target_tree_attn"] = compare(ta, r)
+    for name, r in results.items():
+        if "mean_acceptance_length_batch4" in r:
+            summary["acceptance"][name] = {
+                "batch1": r["mean_acceptance_length_batch1"],
+                "batch4": r["mean_acceptance_length_batch4"],
+            }
+        if "batch1_tok_s" in r:
+            summary["tokens_per_s"][name] = {"batch1": r["batch1_tok_s"], "batch4": r["batch4_tok_s"]}
+    base = summary["tokens_per_s"].get("perf_target")
+    if base:
+        summary["speedup_vs_target_cuda_graphs"] = {
+            name: {k: round(v[k] / base[k], 3) for k in ("batch1", "batch4")}
+            for name, v in summary["tokens_per_s"].items()
+            if name.startswith("perf_")
+        }
+    summary["token_ids"] = {n: {"batch4": r.get("batch4")} for n, r in results.items() if "batch4" in r}
+    summary["wall_s"] = round(time.time() - t_start, 1)
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1, default=str)
+    print(json.dumps({k: v for k, v in summary.items() if k != "token_ids" and k != "runs"}, indent=1))
+    for name, r in summary["runs"].items():
+        if "error" in r:
+            print("ERROR", name, r.get("error"), (r.get("log_tail") or "")[-1500:])
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("apply")
+    s.add_argument("site")
+    s = sub.add_parser("make-models")
+    s.add_argument("dir")
+    s = sub.add_parser("gen")
+    s.add_argument("--result", required=True)
+    s.add_argument("--model", required=True)
+    s.add_argument("--drafter")
+    s.add_argument("--method")
+    s.add_argument("--budget", type=int)
+    s.add_argument("--backend")
+    s.add_argument("--max-tokens", type=int, default=64)
+    s.add_argument("--temperature", type=float, default=0.0)
+    s.add_argument("--graphs", action="store_true")
+    s = sub.add_parser("bench-tree")
+    s.add_argument("--out")
+    s = sub.add_parser("driver")
+    s.add_argument("models")
+    s.add_argument("out")
+    s.add_argument("--only", nargs="*")
+    s.add_argument("--budget-s", type=float, default=480)
+    s.add_argument("--one-wave", action="store_true", help="run the selected runs all at once")
+    a = ap.parse_args()
+    try:
+        if a.cmd == "apply":
+            return cmd_apply(a.site)
+        if a.cmd == "make-models":
+            return cmd_make_models(a.dir)
+        if a.cmd == "gen":
+            return cmd_gen(a)
+        if a.cmd == "bench-tree":
+            return cmd_bench_tree(a.out)
+        return cmd_driver(a.models, a.out, a.only, a.budget_s, a.one_wave)
+    except Exception:
+        traceback.print_exc()
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

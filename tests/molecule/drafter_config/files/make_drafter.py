@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Write a small DFlash drafter for the lab's Qwen3.6-27B target with the safetensors library.
+
+Hidden size 5120 (the target's), one draft layer tapping one target layer, 2 query heads and
+1 KV head of 64, MLP width 64, float16: about 53 MB, real random weights in the z-lab layout.
+
+Usage: make_drafter.py DEST_FILE
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from safetensors.numpy import save_file
+
+H, HEADS, KV, HD, INTER = 5120, 2, 1, 64, 64
+
+
+def shapes() -> dict[str, tuple[int, ...]]:
+    p = "layers.0."
+    return {
+        "fc.weight": (H, H),
+        "hidden_norm.weight": (H,),
+        "norm.weight": (H,),
+        p + "input_layernorm.weight": (H,),
+        p + "post_attention_layernorm.weight": (H,),
+        p + "self_attn.q_proj.weight": (HEADS * HD, H),
+        p + "self_attn.k_proj.weight": (KV * HD, H),
+        p + "self_attn.v_proj.weight": (KV * HD, H),
+        p + "self_attn.o_proj.weight": (H, HEADS * HD),
+        p + "self_attn.q_norm.weight": (HD,),
+        p + "self_attn.k_norm.weight": (HD,),
+        p + "mlp.gate_proj.weight": (INTER, H),
+        p + "mlp.up_proj.weight": (INTER, H),
+        p + "mlp.down_proj.weight": (H, INTER),
+    }
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    tensors = {
+        name: rng.standard_normal(shape, dtype=np.float32).astype(np.float16) for name, shape in shapes().items()
+    }
+    save_file(tensors, sys.argv[1], metadata={"format": "pt"})
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: make_drafter.py DEST_FILE")
+    main()

@@ -1,0 +1,186 @@
+"""The DDTree runtime the change set adds to vLLM 0.20.1 (vllm/v1/spec_decode/ddtree.py), on the CPU.
+
+The runtime's logic runs on torch alone: trees kept per request between steps, depth-based
+positions and per-request attention bias for verification, the walk and its output layout, and
+the compaction of the accepted path. vLLM itself is replaced by tests/fakes/vllm_modules.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
+
+import vllm_modules
+
+
+@pytest.fixture(scope="module")
+def dd():
+    before = set(sys.modules)
+    module = vllm_modules.load_ddtree_runtime()
+    for name in set(sys.modules) - before:
+        if name == "vllm" or name.startswith("vllm."):
+            del sys.modules[name]
+    return module
+
+
+# Two trees of 4 nodes, depth 2, vocabulary 8 (the drafter's logits decide them):
+#   request "a": tokens [0, 0, 1, 0], parents [-1, 0, -1, 2], depths [1, 2, 1, 2]
+#   request "b": tokens [2, 3, 1, 3], same shape.
+DRAFT_LOGITS = torch.tensor(
+    [
+        [[5.0, 4.0, 0, 0, 0, 0, 0, 0], [5.0, 0, 0, 0, 0, 0, 0, 0]],
+        [[0, 3.0, 6.0, 0, 0, 0, 0, 0], [0, 0, 0, 6.0, 0, 0, 0, 0]],
+    ]
+)
+
+
+@dataclass
+class Sampling:
+    all_greedy: bool = True
+    temperature: torch.Tensor | None = None
+    top_k: torch.Tensor | None = None
+    top_p: torch.Tensor | None = None
+    generators: dict = field(default_factory=dict)
+    max_num_logprobs: int | None = None
+    no_penalties: bool = True
+    bad_words_token_ids: dict = field(default_factory=dict)
+
+
+def one_hot_rows(tokens: list[int], vocab: int = 8) -> torch.Tensor:
+    out = torch.zeros(len(tokens), vocab)
+    for i, t in enumerate(tokens):
+        out[i, t] = 10.0
+    return out
+
+
+class Step:
+    """One verification step of the batch [b (tree), c (prefill, no drafts), a (tree)]."""
+
+    def __init__(self, dd, drafts_a: int = 4):
+        self.rt = dd.DDTreeRuntime(budget=4, depth=2, device=torch.device("cpu"))
+        self.tokens = self.rt.build(DRAFT_LOGITS, ["a", "b"]).tolist()
+        self.num_draft = [4, 0, drafts_a]
+        qlens = [5, 3, drafts_a + 1]
+        self.qsl = torch.tensor([0, 5, 8, 8 + drafts_a + 1])
+        self.num_computed = torch.tensor([10, 0, 20], dtype=torch.int32)
+        self.req_indices = torch.repeat_interleave(torch.arange(3), torch.tensor(qlens))
+        self.query_pos = torch.cat([torch.arange(q) for q in qlens])
+        self.positions = self.num_computed[self.req_indices].long() + self.query_pos
+        self.seq_positions = self.positions.clone()
+        self.input_ids = torch.tensor([7, *self.tokens[1], 4, 5, 6, 9, *self.tokens[0][:drafts_a]])
+
+    def prepare(self, req_ids=("b", "c", "a")):
+        self.rt.prepare_step(
+            list(req_ids),
+            self.num_draft,
+            self.qsl,
+            self.num_computed,
+            self.req_indices,
+            self.query_pos,
+            self.positions,
+        )
+
+
+def test_trees_are_built_from_the_drafter_logits(dd):
+    step = Step(dd)
+    assert step.tokens == [[0, 0, 1, 0], [2, 3, 1, 3]]
+    assert step.rt._stored.parent.tolist() == [[-1, 0, -1, 2], [-1, 0, -1, 2]]
+    assert step.rt._stored.depth.tolist() == [[1, 2, 1, 2], [1, 2, 1, 2]]
+
+
+def test_positions_are_root_plus_depth_and_the_bias_is_per_request(dd):
+    step = Step(dd)
+    step.prepare()
+    assert step.positions.tolist() == [10, 11, 12, 11, 12, 0, 1, 2, 20, 21, 22, 21, 22]
+    allowed = (dd.current_attn_bias() == 0).int().tolist()
+    tree = [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 1, 0], [1, 0, 0, 1, 1]]
+    assert allowed[0] == tree  # b: ancestors only
+    assert allowed[1] == [[1] * 5] * 5  # c: no drafts, left to the causal mask
+    assert allowed[2] == tree  # a
+    assert torch.isneginf(dd.current_attn_bias()[0, 2, 3])
+    step.rt.end_forward()
+    assert dd.current_attn_bias() is None
+
+
+def test_walk_returns_accepted_path_and_bonus_in_the_rejection_sampler_layout(dd):
+    step = Step(dd)
+    step.prepare()
+    # b: root->1 (node 2), node 2->3 (node 3), node 3->5: accept [1, 3], bonus 5.
+    # c: its one row chooses 6.  a: root->0 (node 0), node 0->2 (no such child): accept [0], bonus 2.
+    choices = [*[1, 0, 0, 3, 5], 6, *[0, 2, 0, 0, 0]]  # b, c, a
+    out = step.rt.sample(one_hot_rows(choices), step.input_ids, step.num_draft, Sampling())
+    assert out.sampled_token_ids.tolist() == [[1, 3, 5, -1, -1], [6, -1, -1, -1, -1], [0, 2, -1, -1, -1]]
+    assert dd.current_attn_bias() is None
+
+
+def test_compaction_moves_the_accepted_path_onto_consecutive_slots(dd):
+    step = Step(dd)
+    step.prepare()
+    choices = [*[1, 0, 0, 3, 5], 6, *[0, 2, 0, 0, 0]]  # b, c, a
+    step.rt.sample(one_hot_rows(choices), step.input_ids, step.num_draft, Sampling())
+    slots = 100 + 3 * torch.arange(13)  # a block table that is not the identity
+    cache = torch.zeros(2, 60, 4, 1, 2)
+    for row, slot in enumerate(slots.tolist()):
+        cache[:, slot // 4, slot % 4] = float(row)
+    hidden = torch.arange(13, dtype=torch.float32).view(-1, 1).repeat(1, 3)
+    ids = step.input_ids.clone()
+    step.rt.compact(slots, [cache], [hidden, ids], step.positions)
+    kv_rows = [int(cache[0, s // 4, s % 4, 0, 0]) for s in slots.tolist()]
+    # b's nodes 2 and 3 (rows 3, 4) now sit at depths 1 and 2 (rows 1, 2); a's node 0 was in place.
+    assert kv_rows == [0, 3, 4, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    assert hidden[:, 0].tolist() == [0, 3, 4, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    assert ids.tolist()[:3] == [7, 1, 3]
+    assert step.positions.tolist() == step.seq_positions.tolist()
+
+
+def test_truncated_drafts_only_use_the_scheduled_nodes(dd):
+    step = Step(dd, drafts_a=2)  # a's last two nodes were not scheduled
+    step.prepare()
+    # a: root->1 would match node 2, but node 2 was not verified: nothing accepted, bonus 1.
+    choices = [*[1, 0, 0, 3, 5], 6, *[1, 0, 0]]  # b, c, a
+    out = step.rt.sample(one_hot_rows(choices), step.input_ids, step.num_draft, Sampling())
+    assert out.sampled_token_ids.tolist()[2] == [1, -1, -1, -1, -1]
+
+
+def test_drafts_without_a_stored_tree_accept_nothing(dd):
+    step = Step(dd)
+    step.rt.forget_trees()  # drafting was skipped: the scheduler got zeros
+    step.prepare()
+    assert step.positions.tolist() == [10, 11, 11, 11, 11, 0, 1, 2, 20, 21, 21, 21, 21]
+    choices = [*[2, 3, 1, 3, 5], 6, *[0, 0, 1, 0, 0]]  # b, c, a
+    out = step.rt.sample(one_hot_rows(choices), step.input_ids, step.num_draft, Sampling())
+    assert out.sampled_token_ids.tolist() == [[2, -1, -1, -1, -1], [6, -1, -1, -1, -1], [0, -1, -1, -1, -1]]
+
+
+def test_reordered_and_new_requests_find_their_own_trees(dd):
+    step = Step(dd)
+    step.prepare(req_ids=("b", "c", "a"))
+    assert step.rt._step.parent.tolist()[1] == [-1, -1, -1, -1]  # c has no tree
+    assert step.rt._step.has_tree.tolist() == [True, False, True]
+
+
+def test_sampled_rows_follow_the_target_distribution_and_greedy_rows_the_argmax(dd):
+    step = Step(dd)
+    step.prepare()
+    torch.manual_seed(0)
+    choices = [*[1, 0, 0, 3, 5], 6, *[0, 2, 0, 0, 0]]  # b, c, a
+    logits = one_hot_rows(choices) * 5  # the chosen token has probability ~1 at temperature 1
+    sampling = Sampling(
+        all_greedy=False,
+        temperature=torch.tensor([1.0, 0.0, 0.7]),
+        top_p=torch.tensor([0.9, 1.0, 0.9]),
+        top_k=torch.tensor([3, 8, 3]),
+    )
+    out = step.rt.sample(logits, step.input_ids, step.num_draft, sampling)
+    assert out.sampled_token_ids.tolist() == [[1, 3, 5, -1, -1], [6, -1, -1, -1, -1], [0, 2, -1, -1, -1]]
+
+
+def test_budget_below_depth_is_refused(dd):
+    with pytest.raises(ValueError, match="budget 3 < drafter depth 4"):
+        dd.DDTreeRuntime(budget=3, depth=4, device=torch.device("cpu"))

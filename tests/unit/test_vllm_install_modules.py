@@ -1,0 +1,366 @@
+"""The vllm_install modules run in-process, and the venv helpers on real directory trees."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import vllm_release_check
+import vllm_venv_info
+import vllm_venvs as vllm_venvs_module
+from ansible.module_utils.testing import patch_module_args
+from ansible.module_utils.vllm_venvs import (
+    MARKER,
+    VenvEntry,
+    find_dist_info,
+    find_site_packages,
+    import_check_code,
+    list_venvs,
+    parse_import_result,
+    plan_prune,
+    read_venv,
+    updated_history,
+)
+
+WHEELS = Path(os.environ.get("DFLASH_LAB_WHEELS", "/var/cache/dflash-lab/wheels"))
+
+
+def run_module(module, args: dict, capsys) -> tuple[bool, dict]:
+    """Run a module's main() in-process; returns (failed, result)."""
+    with patch_module_args(args), pytest.raises(SystemExit) as exc:
+        module.main()
+    result = json.loads(capsys.readouterr().out)
+    return exc.value.code != 0, result
+
+
+# --- vllm_release_check -------------------------------------------------------------------------
+
+
+def test_release_check_passes_the_projects_deployment_with_warnings(capsys) -> None:
+    failed, result = run_module(
+        vllm_release_check,
+        {
+            "version": "0.20.1",
+            "method": "ddtree",
+            "hybrid_target": True,
+            "sliding_drafter": True,
+            "ddtree_patch": True,
+        },
+        capsys,
+    )
+    assert failed is False
+    assert result["changed"] is False
+    assert result["refusals"] == []
+    assert result["torch"] == "2.11.0"
+    assert result["release"]["since"] == "0.20.0"
+    assert [f["code"] for f in result["findings"]] == [
+        "aux-layer-offset-patched",
+        "sliding-drafter-patched",
+        "ddtree-hybrid-target",
+        "gdn-prefix-caching",
+        "fa3-aot-cuda-graphs",
+    ]
+    assert len(result["warnings_found"]) == 5
+
+
+def test_release_check_fails_with_every_refusal(capsys) -> None:
+    failed, result = run_module(
+        vllm_release_check, {"version": "0.21.0", "method": "ddtree", "sliding_drafter": True}, capsys
+    )
+    assert failed is True
+    assert result["msg"].startswith("vLLM 0.21.0 is refused for this deployment (3 reasons): DDTree is in no")
+    assert len(result["refusals"]) == 3
+
+
+def test_release_check_patch_fixes_override(capsys) -> None:
+    failed, result = run_module(
+        vllm_release_check,
+        {
+            "version": "0.20.1",
+            "sliding_drafter": True,
+            "ddtree_patch": True,
+            "patch_fixes": ["aux_layer_offset"],
+        },
+        capsys,
+    )
+    assert failed is True
+    assert [f["code"] for f in result["findings"] if f["level"] == "refuse"] == ["sliding-drafter-silent-full"]
+
+
+def test_release_check_rejects_unknown_patch_fixes(capsys) -> None:
+    failed, result = run_module(
+        vllm_release_check, {"version": "0.20.1", "ddtree_patch": True, "patch_fixes": ["magic"]}, capsys
+    )
+    assert failed is True
+    assert result["msg"] == (
+        "patch_fixes names magic, which ddtree_patch does not fix; use only aux_layer_offset, sliding_drafter, ddtree"
+    )
+
+
+def test_release_check_rejects_zero_speculative_tokens(capsys) -> None:
+    failed, result = run_module(vllm_release_check, {"version": "0.30.0", "num_speculative_tokens": 0}, capsys)
+    assert failed is True
+    assert result["msg"] == "num_speculative_tokens is 0; it must be at least 1"
+
+
+def test_release_check_bad_version(capsys) -> None:
+    failed, result = run_module(vllm_release_check, {"version": "latest"}, capsys)
+    assert failed is True
+    assert result["release"] is None
+    assert "pin an exact vLLM release" in result["msg"]
+
+
+# --- venv trees -----------------------------------------------------------------------------------
+
+METADATA_0201 = "Metadata-Version: 2.1\nName: vllm\nVersion: 0.20.1\nRequires-Dist: torch==2.11.0\n"
+DFLASH_FILES = {
+    "vllm/v1/spec_decode/dflash.py": "class DFlashProposer(Base):\n",
+    "vllm/model_executor/models/qwen3_dflash.py": "class DFlashQwen3ForCausalLM(X):\n",
+    "vllm/model_executor/models/registry.py": '    "DFlashDraftModel": ("qwen3_dflash", "X"),\n',
+}
+
+
+def make_tree(venv: Path, files: dict[str, str], metadata: str | None = METADATA_0201) -> Path:
+    site = venv / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (venv / "bin").mkdir()
+    if metadata is not None:
+        dist = site / "vllm-0.20.1.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(metadata)
+    for rel, text in files.items():
+        path = site / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return site
+
+
+def test_read_venv_on_a_missing_dir(tmp_path: Path) -> None:
+    state = read_venv(str(tmp_path / "nope"), "dflash")
+    assert state.as_dict() == {
+        "venv": str(tmp_path / "nope"),
+        "exists": False,
+        "python": None,
+        "site_packages": None,
+        "version": None,
+        "complete": False,
+        "marker": None,
+        "detected": None,
+        "present": [],
+        "missing": [],
+    }
+
+
+def test_read_venv_finds_dflash_but_not_tree_attention(tmp_path: Path) -> None:
+    venv = tmp_path / "0.20.1"
+    site = make_tree(venv, DFLASH_FILES)
+    assert find_site_packages(str(venv)) == str(site)
+    assert find_dist_info(str(site)) == str(site / "vllm-0.20.1.dist-info")
+    state = read_venv(str(venv), "ddtree")
+    assert state.version == "0.20.1"
+    assert state.complete is False
+    assert state.present == (
+        "vllm/v1/spec_decode/dflash.py: class DFlashProposer",
+        "vllm/model_executor/models/qwen3_dflash.py: class DFlashQwen3ForCausalLM",
+        'vllm/model_executor/models/registry.py: "DFlashDraftModel"',
+    )
+    assert state.missing == ("vllm/v1/attention/backends/tree_attn.py (file missing)",)
+    assert read_venv(str(venv), "dflash").missing == ()
+
+
+def test_marker_makes_a_venv_complete_only_for_its_version(tmp_path: Path) -> None:
+    venv = tmp_path / "0.20.1"
+    make_tree(venv, DFLASH_FILES)
+    (venv / MARKER).write_text(json.dumps({"version": "0.20.0"}))
+    assert read_venv(str(venv), "dflash").complete is False
+    (venv / MARKER).write_text(json.dumps({"version": "0.20.1", "installed_at": "t"}))
+    assert read_venv(str(venv), "dflash").complete is True
+    (venv / MARKER).write_text("{not json")
+    assert read_venv(str(venv), "dflash").complete is False
+
+
+def test_venv_info_module_fails_on_a_missing_class(tmp_path: Path, capsys) -> None:
+    venv = tmp_path / "0.20.1"
+    files = dict(DFLASH_FILES)
+    files["vllm/v1/spec_decode/dflash.py"] = "# nothing here\n"
+    make_tree(venv, files)
+    failed, result = run_module(vllm_venv_info, {"venv": str(venv)}, capsys)
+    assert failed is True
+    assert result["msg"] == (
+        f"vLLM 0.20.1 in {venv} lacks what dflash needs: vllm/v1/spec_decode/dflash.py: class "
+        "DFlashProposer. Pick a release that has it (see docs/vllm_install.md)"
+    )
+
+
+def test_venv_info_module_fails_on_wrong_version_and_on_no_vllm(tmp_path: Path, capsys) -> None:
+    venv = tmp_path / "v"
+    make_tree(venv, DFLASH_FILES)
+    failed, result = run_module(vllm_venv_info, {"venv": str(venv), "expected_version": "0.22.0"}, capsys)
+    assert failed is True
+    assert result["msg"] == (
+        f"{venv} holds vLLM 0.20.1, not 0.22.0; remove the venv and run the vllm_install role again"
+    )
+    failed, result = run_module(vllm_venv_info, {"venv": str(tmp_path / "empty")}, capsys)
+    assert failed is True
+    assert "holds no installed vLLM" in result["msg"]
+    failed, result = run_module(vllm_venv_info, {"venv": str(tmp_path / "empty"), "require": False}, capsys)
+    assert failed is False
+    assert (result["exists"], result["version"]) == (False, None)
+
+
+def test_import_check_code_runs_and_reports_each_failure() -> None:
+    # Run the generated code with this interpreter, where vLLM is not installed: every import fails.
+    proc = subprocess.run(
+        [sys.executable, "-c", import_check_code("ddtree")], capture_output=True, text=True, check=True
+    )
+    result = parse_import_result(proc.stdout)
+    assert sorted(result) == [
+        "vllm.model_executor.models.qwen3_dflash.DFlashQwen3ForCausalLM",
+        "vllm.v1.attention.backends.tree_attn.TreeAttentionBackend",
+        "vllm.v1.spec_decode.dflash.DFlashProposer",
+    ]
+    assert all(v.startswith("ModuleNotFoundError") for v in result.values())
+
+
+def test_parse_import_result_rejects_garbage() -> None:
+    assert parse_import_result('noise\n{"a.B": "ok"}\n') == {"a.B": "ok"}
+    with pytest.raises(ValueError, match="printed nothing"):
+        parse_import_result("  \n")
+    with pytest.raises(ValueError, match="other than a JSON object"):
+        parse_import_result("[1]\n")
+
+
+@pytest.fixture
+def real_0201_venv(tmp_path: Path) -> Path:
+    """A real Python venv with the real vLLM 0.20.1 package files (no dependencies) unpacked."""
+    wheel = next(iter(sorted(WHEELS.glob("vllm-0.20.1-*.whl"))), None) if WHEELS.is_dir() else None
+    if wheel is None:
+        pytest.skip(f"vLLM 0.20.1 wheel not in {WHEELS}")
+    venv = tmp_path / "0.20.1"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = find_site_packages(str(venv))
+    assert site is not None
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            if name.endswith(".py") or name.startswith("vllm-0.20.1.dist-info/"):
+                archive.extract(name, site)
+    return venv
+
+
+def test_venv_info_on_the_real_0201_files_with_import(real_0201_venv: Path, capsys) -> None:
+    failed, result = run_module(
+        vllm_venv_info,
+        {"venv": str(real_0201_venv), "method": "ddtree", "expected_version": "0.20.1", "require": False},
+        capsys,
+    )
+    assert failed is False
+    assert result["missing"] == []
+    assert result["detected"]["aux_offset_fixed"] is False
+    failed, result = run_module(
+        vllm_venv_info,
+        {"venv": str(real_0201_venv), "method": "dflash", "verify_import": True},
+        capsys,
+    )
+    # Installed without dependencies: the files are all there, but torch is not, so imports fail.
+    assert failed is True
+    assert result["msg"].startswith("vLLM is installed but these do not import: vllm.v1.spec_decode.dflash")
+    assert "No module named 'torch'" in result["msg"]
+
+
+# --- pruning --------------------------------------------------------------------------------------
+
+
+def E(version: str, at: str = "", complete: bool = True) -> VenvEntry:
+    return VenvEntry(version, f"/opt/vllm/{version}", complete, at)
+
+
+def test_plan_prune_keeps_current_and_the_most_recently_used() -> None:
+    entries = [E("0.19.1", "1"), E("0.20.1", "2"), E("0.22.0", "3"), E("0.30.0", "4")]
+    doomed = plan_prune(entries, "0.22.0", ["0.20.1", "0.30.0"], keep=2)
+    assert [e.version for e in doomed] == ["0.19.1", "0.30.0"]
+
+
+def test_plan_prune_falls_back_to_install_time_then_release() -> None:
+    entries = [E("0.19.1", "2026-01"), E("0.20.1", "2026-03"), E("0.22.0", "2026-02"), E("0.21.0", "")]
+    entries.append(E("0.30.0", "2026-04"))
+    assert [e.version for e in plan_prune(entries, "0.30.0", [], keep=2)] == ["0.19.1", "0.22.0", "0.21.0"]
+    # Without install times, the newest release stays.
+    entries = [E("0.19.1"), E("0.22.0"), E("0.20.1"), E("0.30.0")]
+    assert [e.version for e in plan_prune(entries, "0.30.0", [], keep=2)] == ["0.19.1", "0.20.1"]
+
+
+def test_plan_prune_removes_interrupted_installs_but_not_the_current_one() -> None:
+    entries = [E("0.20.1", "1", complete=False), E("0.22.0", "", complete=False), E("0.21.0", "2")]
+    doomed = plan_prune(entries, "0.22.0", [], keep=3)
+    assert [e.version for e in doomed] == ["0.20.1"]
+
+
+def test_plan_prune_keep_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="keep must be at least 1"):
+        plan_prune([], "0.20.1", [], keep=0)
+
+
+def test_updated_history() -> None:
+    assert updated_history(["0.20.1", "0.19.1"], "0.22.0", ["0.20.1", "0.22.0"]) == ["0.22.0", "0.20.1"]
+    assert updated_history(["0.22.0", "0.20.1"], "0.20.1", ["0.20.1", "0.22.0"]) == ["0.20.1", "0.22.0"]
+
+
+def _install(root: Path, version: str, at: str, marker: bool = True) -> Path:
+    venv = root / version
+    venv.mkdir(parents=True)
+    if marker:
+        (venv / MARKER).write_text(json.dumps({"version": version, "installed_at": at}))
+    return venv
+
+
+def test_vllm_venvs_module_prunes_for_real_and_in_check_mode(tmp_path: Path, capsys) -> None:
+    root = tmp_path / "opt-vllm"
+    wheels = tmp_path / "wheels"
+    for version, at in (("0.19.1", "a"), ("0.20.1", "b"), ("0.22.0", "c")):
+        _install(root, version, at)
+        (wheels / version).mkdir(parents=True)
+    (root / "notes").mkdir()
+    (root / "current").symlink_to(root / "0.22.0")
+    assert [e.version for e in list_venvs(str(root))] == ["0.19.1", "0.20.1", "0.22.0"]
+    args = {
+        "root": str(root),
+        "current": "0.22.0",
+        "history": ["0.20.1"],
+        "keep": 2,
+        "wheelhouse_root": str(wheels),
+    }
+    failed, result = run_module(vllm_venvs_module, {**args, "_ansible_check_mode": True}, capsys)
+    assert (failed, result["changed"]) == (False, True)
+    assert result["removed"] == [str(root / "0.19.1"), str(wheels / "0.19.1")]
+    assert (root / "0.19.1").is_dir()
+    failed, result = run_module(vllm_venvs_module, args, capsys)
+    assert (failed, result["changed"]) == (False, True)
+    assert [v["version"] for v in result["venvs"]] == ["0.22.0", "0.20.1"]
+    assert sorted(os.listdir(root)) == ["0.20.1", "0.22.0", "current", "notes"]
+    assert sorted(os.listdir(wheels)) == ["0.20.1", "0.22.0"]
+    failed, result = run_module(vllm_venvs_module, args, capsys)
+    assert (failed, result["changed"], result["removed"]) == (False, False, [])
+
+
+def test_vllm_venvs_module_refuses_bad_input(tmp_path: Path, capsys) -> None:
+    failed, result = run_module(vllm_venvs_module, {"root": str(tmp_path), "current": "0.22.0", "keep": 0}, capsys)
+    assert failed is True
+    assert result["msg"] == "keep is 0; it must be at least 1 (the current venv)"
+    failed, result = run_module(vllm_venvs_module, {"root": str(tmp_path), "current": "main"}, capsys)
+    assert failed is True
+    assert result["msg"].startswith("current: vLLM version 'main' is not a plain release number")
+
+
+def test_list_venvs_reads_local_version_labels_and_ignores_other_names(tmp_path: Path) -> None:
+    _install(tmp_path, "0.20.1+cu130", "a")
+    _install(tmp_path, "0.22.0", "b", marker=False)
+    (tmp_path / "current-build").mkdir()
+    assert list_venvs(str(tmp_path)) == [
+        VenvEntry("0.20.1+cu130", str(tmp_path / "0.20.1+cu130"), True, "a"),
+        VenvEntry("0.22.0", str(tmp_path / "0.22.0"), False, ""),
+    ]

@@ -1,0 +1,468 @@
+"""The ddtree change set against the real vLLM 0.20.1 wheel's files, and the vllm_patch module.
+
+The wheel is downloaded once into /var/cache/dflash-lab/wheels (outside the repository) with
+``pip download --no-deps vllm==0.20.1``; only the files the change set touches are unpacked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import py_compile
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import vllm_patch
+from ansible.module_utils import vllm_changeset as cs
+from ansible.module_utils.testing import patch_module_args
+
+REPO = Path(__file__).resolve().parents[2]
+ROOT = str(REPO / "roles" / "ddtree_patch" / "files")
+WHEEL_DIR = Path(os.environ.get("DFLASH_LAB_WHEELS", "/var/cache/dflash-lab/wheels"))
+
+# Digests of the files as vLLM 0.20.1 ships them (read off the PyPI wheel).
+PRISTINE_SHA256 = {
+    "vllm/config/speculative.py": "acda68dc772634d761646cd3e0c828678cecd1b39915cb2cb307a4e4fb8fae82",
+    "vllm/v1/worker/gpu_model_runner.py": "d71f4eb4547717a26a893d46d1dcb877731f9f5cba1de2f65376d24a6f95221f",
+}
+TOUCHED = [
+    "vllm/config/speculative.py",
+    "vllm/config/vllm.py",
+    "vllm/model_executor/models/qwen3_dflash.py",
+    "vllm/v1/attention/backends/tree_attn.py",
+    "vllm/v1/attention/ops/triton_unified_attention.py",
+    "vllm/v1/attention/selector.py",
+    "vllm/v1/spec_decode/dflash.py",
+    "vllm/v1/worker/gpu_model_runner.py",
+]
+ADDED = ["vllm/v1/spec_decode/ddtree.py", "vllm/v1/spec_decode/ddtree_tree.py"]
+
+
+def _wheel() -> Path:
+    found = sorted(WHEEL_DIR.glob("vllm-0.20.1-*.whl"))
+    if not found:
+        WHEEL_DIR.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "vllm==0.20.1", "-d", str(WHEEL_DIR)],
+            check=True,
+        )
+        found = sorted(WHEEL_DIR.glob("vllm-0.20.1-*.whl"))
+    return found[0]
+
+
+@pytest.fixture(scope="session")
+def pristine_files() -> dict[str, bytes]:
+    with zipfile.ZipFile(_wheel()) as whl:
+        names = set(whl.namelist())
+        out = {name: whl.read(name) for name in TOUCHED}
+        meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        out["METADATA"] = whl.read(meta)
+    return out
+
+
+@pytest.fixture
+def venv(tmp_path, pristine_files) -> Path:
+    """A venv layout holding the real 0.20.1 files the change set touches."""
+    site = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
+    for name in TOUCHED:
+        target = site / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(pristine_files[name])
+    (site / "vllm" / "__init__.py").write_text("")
+    dist = site / "vllm-0.20.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_bytes(pristine_files["METADATA"])
+    return tmp_path / "venv"
+
+
+def site_of(venv: Path) -> Path:
+    return venv / "lib" / "python3.12" / "site-packages"
+
+
+def snapshot(site: Path) -> dict[str, tuple[str, int]]:
+    out = {}
+    for name in TOUCHED + ADDED:
+        path = site / name
+        if path.exists():
+            out[name] = (hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns)
+    return out
+
+
+def changeset() -> cs.ChangeSet:
+    return cs.load_changeset(ROOT, "0.20.1", "ddtree")
+
+
+# --- the real wheel -----------------------------------------------------------
+
+
+def test_wheel_files_are_the_release_files(pristine_files):
+    for name, digest in PRISTINE_SHA256.items():
+        assert hashlib.sha256(pristine_files[name]).hexdigest() == digest
+
+
+def test_manifest_names_exactly_these_files_and_pristine_digests():
+    entries = {f.path: f for f in changeset().files}
+    assert sorted(entries) == sorted(TOUCHED + ADDED)
+    for name, digest in PRISTINE_SHA256.items():
+        assert entries[name].pristine_sha256 == digest
+    assert [entries[n].kind for n in ADDED] == ["add", "add"]
+
+
+def test_find_vllm_reads_metadata_without_importing(venv):
+    install = cs.find_vllm(str(venv))
+    assert install.version == "0.20.1"
+    assert install.site_packages == str(site_of(venv))
+    assert "vllm" not in sys.modules
+
+
+def test_apply_then_reapply_then_remove_restores_pristine_bytes(venv, pristine_files):
+    site = site_of(venv)
+    first = cs.plan(changeset(), str(site), cs.PRESENT)
+    assert first.file_states() == {**dict.fromkeys(TOUCHED, "pristine"), **dict.fromkeys(ADDED, "missing")}
+    assert sorted(cs.execute(first)) == sorted(TOUCHED + ADDED)
+    patched = snapshot(site)
+    manifest = {f.path: f.patched_sha256 for f in changeset().files}
+    assert {name: digest for name, (digest, _) in patched.items()} == manifest
+
+    again = cs.plan(changeset(), str(site), cs.PRESENT)
+    assert again.changed is False
+    assert cs.execute(again) == []
+    assert snapshot(site) == patched  # digests and mtimes: nothing rewritten
+
+    removed = cs.plan(changeset(), str(site), cs.ABSENT)
+    assert sorted(cs.execute(removed)) == sorted(TOUCHED + ADDED)
+    for name in TOUCHED:
+        assert (site / name).read_bytes() == pristine_files[name]
+    for name in ADDED:
+        assert not (site / name).exists()
+    assert cs.plan(changeset(), str(site), cs.ABSENT).changed is False
+
+
+def test_patched_files_compile(venv, tmp_path):
+    site = site_of(venv)
+    cs.execute(cs.plan(changeset(), str(site), cs.PRESENT))
+    for name in TOUCHED + ADDED:
+        py_compile.compile(str(site / name), cfile=str(tmp_path / "x.pyc"), doraise=True)
+
+
+def test_patched_sources_carry_the_fixes(venv):
+    site = site_of(venv)
+    cs.execute(cs.plan(changeset(), str(site), cs.PRESENT))
+    runner = (site / "vllm/v1/worker/gpu_model_runner.py").read_text()
+    assert "layer_ids = [int(i) + 1 for i in layer_ids]" in runner
+    spec = (site / "vllm/config/speculative.py").read_text()
+    assert '"ddtree",' in spec
+    assert "def use_ddtree(self) -> bool:" in spec
+    assert "or vLLM 0.28.0 or newer, which runs sliding-window drafter" in spec
+    assert "DDTree refused: the target (%s) has recurrent layers" in spec
+    kernel = (site / "vllm/v1/attention/ops/triton_unified_attention.py").read_text()
+    assert "+ seq_idx * qq_bias_stride_seq" in kernel
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing owners needs root")
+def test_owners_and_modes_are_kept(venv):
+    """vllm_install's venvs belong to the service user: patched and added files stay theirs."""
+    site = site_of(venv)
+    for path in [site, *site.rglob("*")]:
+        os.chown(path, 4242, 4343)
+    runner = site / "vllm/v1/worker/gpu_model_runner.py"
+    runner.chmod(0o640)
+    cs.execute(cs.plan(changeset(), str(site), cs.PRESENT))
+    for name in TOUCHED + ADDED:
+        st = (site / name).stat()
+        assert (st.st_uid, st.st_gid) == (4242, 4343), name
+    assert runner.stat().st_mode & 0o777 == 0o640
+    assert (site / "vllm/v1/spec_decode/ddtree.py").stat().st_mode & 0o777 == 0o644
+    cs.execute(cs.plan(changeset(), str(site), cs.ABSENT))
+    assert (runner.stat().st_uid, runner.stat().st_mode & 0o777) == (4242, 0o640)
+
+
+def test_tampered_file_is_refused_and_nothing_changes(venv):
+    site = site_of(venv)
+    victim = site / "vllm/v1/spec_decode/dflash.py"
+    victim.write_bytes(victim.read_bytes() + b"# local edit\n")
+    before = snapshot(site)
+    with pytest.raises(cs.ChangeSetError, match=r"dflash\.py has sha256 .* neither pristine vLLM 0\.20\.1"):
+        cs.plan(changeset(), str(site), cs.PRESENT)
+    assert snapshot(site) == before
+
+
+def test_tampered_added_file_is_refused(venv):
+    site = site_of(venv)
+    (site / "vllm/v1/spec_decode/ddtree.py").write_text("print('not ours')\n")
+    with pytest.raises(cs.ChangeSetError, match=r"ddtree\.py exists but is not this change set's file"):
+        cs.plan(changeset(), str(site), cs.ABSENT)
+
+
+def test_unknown_version_is_refused(venv):
+    meta = site_of(venv) / "vllm-0.20.1.dist-info" / "METADATA"
+    meta.write_text(meta.read_text().replace("Version: 0.20.1", "Version: 0.21.0"))
+    install = cs.find_vllm(str(venv))
+    assert install.version == "0.21.0"
+    refused = r"no change set for vLLM 0\.21\.0 .* exist for vLLM: 0\.20\.1"
+    with pytest.raises(cs.ChangeSetError, match=refused):
+        cs.load_changeset(ROOT, install.version, "ddtree")
+
+
+def test_unknown_patchset_is_refused():
+    with pytest.raises(cs.ChangeSetError, match="patchset 'eagle' does not exist for this release"):
+        cs.load_changeset(ROOT, "0.20.1", "eagle")
+
+
+def test_missing_venv_and_missing_vllm_are_refused(tmp_path):
+    with pytest.raises(cs.ChangeSetError, match=r"does not exist\. Install vLLM first"):
+        cs.find_vllm(str(tmp_path / "nope"))
+    (tmp_path / "empty" / "lib" / "python3.12" / "site-packages").mkdir(parents=True)
+    with pytest.raises(cs.ChangeSetError, match="No vLLM found in the venv"):
+        cs.find_vllm(str(tmp_path / "empty"))
+
+
+def test_failed_write_puts_every_file_back(venv):
+    site = site_of(venv)
+    before = snapshot(site)
+    the_plan = cs.plan(changeset(), str(site), cs.PRESENT)
+    calls = []
+
+    def flaky(target, data, mode):
+        calls.append(target)
+        if len(calls) == 4:
+            raise OSError(28, "No space left on device")
+        target.write_bytes(data)
+
+    with pytest.raises(cs.ChangeSetError, match="every file was put back as it was"):
+        cs.execute(the_plan, write=flaky)
+    assert len(calls) == 4
+    after = snapshot(site)
+    assert {k: v[0] for k, v in after.items()} == {k: v[0] for k, v in before.items()}
+
+
+def test_corrupt_changeset_is_refused(tmp_path):
+    root = tmp_path / "files"
+    (root / "vllm-0.20.1").mkdir(parents=True)
+    (root / "added.py").write_text("x = 1\n")
+    manifest = {
+        "format": 1,
+        "patchset": "ddtree",
+        "vllm_version": "0.20.1",
+        "files": [{"path": "vllm/x.py", "kind": "add", "source": "added.py", "patched_sha256": "0" * 64}],
+    }
+    (root / "vllm-0.20.1" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(cs.ChangeSetError, match=r"The change set is corrupt: .*added\.py has sha256"):
+        cs.load_changeset(str(root), "0.20.1", "ddtree")
+    manifest["files"][0]["source"] = "../../etc/passwd"
+    (root / "vllm-0.20.1" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(cs.ChangeSetError, match="unsafe source path"):
+        cs.load_changeset(str(root), "0.20.1", "ddtree")
+
+
+# --- the diff engine ------------------------------------------------------------
+
+
+def test_diff_round_trip_on_literal_text():
+    old = b"a\nb\nc\nd\ne\nf\ng\nh\n"
+    new = b"a\nb\nC\nd\ne\nf\ng\nh\nI\n"
+    diff = cs.make_unified_diff("f.py", old, new)
+    body = ["@@ -1,8 +1,9 @@", " a", " b", "-c", "+C", " d", " e", " f", " g", " h", "+I"]
+    assert diff.splitlines()[2:] == body
+    hunks = cs.parse_unified_diff(diff)
+    assert cs.apply_hunks(old.decode(), hunks) == new.decode()
+    assert cs.apply_hunks(new.decode(), hunks, reverse=True) == old.decode()
+
+
+def test_diff_with_wrong_context_is_refused():
+    hunks = cs.parse_unified_diff("@@ -1,2 +1,2 @@\n a\n-b\n+B\n")
+    with pytest.raises(cs.ChangeSetError, match="does not apply: the lines at 1 differ"):
+        cs.apply_hunks("x\nb\n", hunks)
+
+
+# --- the module, in-process -------------------------------------------------------
+
+
+def run_module(args: dict, capsys, check: bool = False, diff: bool = False) -> dict:
+    extra = {"_ansible_check_mode": check, "_ansible_diff": diff}
+    with patch_module_args({**args, **extra}), pytest.raises(SystemExit):
+        vllm_patch.main()
+    return json.loads(capsys.readouterr().out)
+
+
+def test_module_check_mode_then_apply_then_idempotent_then_absent(venv, capsys, pristine_files):
+    site = site_of(venv)
+    args = {"venv": str(venv), "changeset_root": ROOT}
+    before = snapshot(site)
+
+    checked = run_module(args, capsys, check=True, diff=True)
+    assert checked["changed"] is True
+    assert sorted(checked["changed_files"]) == sorted(TOUCHED + ADDED)
+    assert len(checked["diff"]) == 10
+    assert snapshot(site) == before
+    assert not (venv / "vllm-changeset.json").exists()
+
+    applied = run_module(args, capsys)
+    assert applied["changed"] is True
+    assert applied["vllm_version"] == "0.20.1"
+    assert applied["patch_state"] == "present"
+    rec = json.loads((venv / "vllm-changeset.json").read_text())
+    assert rec["patchset"] == "ddtree"
+    assert rec["vllm_version"] == "0.20.1"
+    assert rec["manifest_sha256"] == applied["manifest_sha256"]
+
+    again = run_module(args, capsys)
+    assert again["changed"] is False
+    assert again["changed_files"] == []
+    assert set(again["files_before"].values()) == {"patched"}
+
+    removed = run_module({**args, "state": "absent"}, capsys)
+    assert removed["changed"] is True
+    assert not (venv / "vllm-changeset.json").exists()
+    for name in TOUCHED:
+        assert (site / name).read_bytes() == pristine_files[name]
+
+
+def test_module_fails_with_reason_on_tampered_vllm(venv, capsys):
+    site = site_of(venv)
+    (site / "vllm/config/vllm.py").write_text("tampered\n")
+    result = run_module({"venv": str(venv), "changeset_root": ROOT}, capsys)
+    assert result["failed"] is True
+    assert "Refusing to touch vLLM" in result["msg"]
+    assert "Nothing was changed" in result["msg"]
+    assert not (site / "vllm/v1/spec_decode/ddtree.py").exists()
+
+
+# --- the patched functions themselves, lifted out of the patched sources ------------
+#
+# vLLM cannot be imported here (no torch), so these tests take the patched methods' source
+# out of the patched files with ast and run them on plain objects.
+
+
+def _method(site: Path, relpath: str, cls: str, name: str, env: dict):
+    import ast
+    import textwrap
+
+    tree = ast.parse((site / relpath).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == name:
+                    item.decorator_list = []
+                    item.returns = None
+                    for arg in item.args.args:
+                        arg.annotation = None
+                    code = textwrap.dedent(ast.unparse(item))
+                    scope = dict(env)
+                    exec(compile(code, relpath, "exec"), scope)
+                    return scope[name]
+    raise AssertionError(f"{cls}.{name} not found in {relpath}")
+
+
+class Obj:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+class Log:
+    def __init__(self):
+        self.lines = []
+
+    def warning(self, msg, *args):
+        self.lines.append(msg % args)
+
+
+@pytest.fixture
+def patched_site(venv) -> Path:
+    site = site_of(venv)
+    cs.execute(cs.plan(changeset(), str(site), cs.PRESENT))
+    return site
+
+
+def test_dflash_target_layer_ids_are_captured_one_layer_later(patched_site, venv):
+    fn = _method(
+        patched_site,
+        "vllm/v1/worker/gpu_model_runner.py",
+        "GPUModelRunner",
+        "_get_eagle3_aux_layers_from_config",
+        {},
+    )
+    hf = Obj(eagle_aux_hidden_state_layer_ids=None, dflash_config={"target_layer_ids": [1, 16, 31, 46, 61]})
+    runner = Obj(speculative_config=Obj(draft_model_config=Obj(hf_config=hf)))
+    assert fn(runner) == (2, 17, 32, 47, 62)
+    # EAGLE3 ids already mean "after k layers": unchanged.
+    hf.eagle_aux_hidden_state_layer_ids = [2, 32, 61]
+    assert fn(runner) == (2, 32, 61)
+    # The pristine release passes DFlash ids through unchanged (the bug).
+    pristine = site_of(venv).parent / "pristine"
+    (pristine / "vllm/v1/worker").mkdir(parents=True)
+    with zipfile.ZipFile(_wheel()) as whl:
+        (pristine / "vllm/v1/worker/gpu_model_runner.py").write_bytes(whl.read("vllm/v1/worker/gpu_model_runner.py"))
+    old = _method(
+        pristine,
+        "vllm/v1/worker/gpu_model_runner.py",
+        "GPUModelRunner",
+        "_get_eagle3_aux_layers_from_config",
+        {},
+    )
+    hf.eagle_aux_hidden_state_layer_ids = None
+    assert old(runner) == (1, 16, 31, 46, 61)
+
+
+QWEN36_LAYER_TYPES = ["sliding_attention"] * 4 + ["full_attention"]
+
+
+def test_sliding_window_drafter_is_refused_with_the_fix(patched_site):
+    fn = _method(
+        patched_site,
+        "vllm/config/speculative.py",
+        "SpeculativeConfig",
+        "_refuse_sliding_window_dflash_drafter",
+        {},
+    )
+    sliding = Obj(
+        model="/opt/models/Qwen3.6-27B-DFlash",
+        draft_model_config=Obj(hf_config=Obj(layer_types=QWEN36_LAYER_TYPES, dflash_config={})),
+    )
+    with pytest.raises(ValueError, match=r"layers \[0, 1, 2, 3\] as sliding_attention.*vLLM 0\.28\.0 or newer"):
+        fn(sliding)
+    full = Obj(
+        model="/opt/models/Qwen3.5-27B-DFlash",
+        draft_model_config=Obj(hf_config=Obj(layer_types=["full_attention"] * 5, dflash_config={})),
+    )
+    assert fn(full) is None
+    swa_flag = Obj(model="x", draft_model_config=Obj(hf_config=Obj(dflash_config={"use_swa": True})))
+    with pytest.raises(ValueError, match=r"dflash_config\.use_swa is true"):
+        fn(swa_flag)
+
+
+def test_ddtree_falls_back_to_the_chain_on_recurrent_targets(patched_site):
+    log = Log()
+    fn = _method(
+        patched_site,
+        "vllm/config/speculative.py",
+        "SpeculativeConfig",
+        "_maybe_fall_back_from_ddtree",
+        {"logger": log},
+    )
+    qwen36_text = Obj(model_type="qwen3_5_text", layer_types=["linear_attention"] * 3 + ["full_attention"])
+    spec = Obj(
+        target_model_config=Obj(hf_text_config=qwen36_text, is_hybrid=True),
+        num_speculative_tokens=64,
+        ddtree_depth=15,
+        ddtree_budget=64,
+    )
+    fn(spec)
+    assert (spec.num_speculative_tokens, spec.ddtree_depth, spec.ddtree_budget) == (15, None, None)
+    assert log.lines == [
+        "DDTree refused: the target (qwen3_5_text) has recurrent layers (linear_attention), which need "
+        "branch-local state to verify a tree; this vLLM has none. Falling back to the DFlash chain with "
+        "num_speculative_tokens=15 (ddtree_budget=64 ignored)."
+    ]
+    dense = Obj(
+        target_model_config=Obj(hf_text_config=Obj(model_type="qwen3", layer_types=["full_attention"] * 4)),
+        num_speculative_tokens=64,
+        ddtree_depth=15,
+        ddtree_budget=64,
+    )
+    fn(dense)
+    assert (dense.num_speculative_tokens, dense.ddtree_depth, dense.ddtree_budget) == (64, 15, 64)
