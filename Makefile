@@ -37,7 +37,7 @@ lab: venv
 	$(BIN)/python tests/lab/labctl.py up --lab $(LAB) --nodes $(LAB_NODES) \
 	  --fixtures $(LAB_FIXTURES) --inventory-dir inventory/lab
 	# The controller's wheel cache (real vLLM wheels from PyPI, once) that the lab installs from.
-	$(BIN)/ansible-playbook tests/molecule/vllm_install/prepare.yml
+	$(BIN)/ansible-playbook tests/lab/wheelhouse.yml
 	$(BIN)/ansible-playbook site.yml
 
 lab-down: venv

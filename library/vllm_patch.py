@@ -41,27 +41,27 @@ attributes:
   diff_mode:
     support: full
 author:
-  - dflash-lab
+  - dflash-deploy
 """
 
 EXAMPLES = r"""
 - name: Apply the DDTree change set to vLLM 0.20.1
   vllm_patch:
     venv: /opt/vllm/0.20.1
-    changeset_root: /var/lib/dflash-lab/changesets
+    changeset_root: /var/lib/dflash-deploy/changesets
     state: present
 
 - name: Show what would change, touching nothing
   vllm_patch:
     venv: /opt/vllm/0.20.1
-    changeset_root: /var/lib/dflash-lab/changesets
+    changeset_root: /var/lib/dflash-deploy/changesets
   check_mode: true
   diff: true
 
 - name: Put pristine vLLM back
   vllm_patch:
     venv: /opt/vllm/0.20.1
-    changeset_root: /var/lib/dflash-lab/changesets
+    changeset_root: /var/lib/dflash-deploy/changesets
     state: absent
 """
 

@@ -36,7 +36,9 @@ PATCH_FIXES = (FIX_AUX_LAYER_OFFSET, FIX_SLIDING_DRAFTER, FIX_DDTREE)
 # ddtree_patch's change sets: release -> what it fixes there. Only 0.20.1 has one (the last
 # release with tree attention).
 PROJECT_PATCHES: dict[str, tuple[str, ...]] = {
-    "0.20.1": (FIX_AUX_LAYER_OFFSET, FIX_SLIDING_DRAFTER, FIX_DDTREE),
+    # The 0.20.1 change set refuses sliding-window drafters at start rather than running them
+    # wrong, so it does not count as a fix for them.
+    "0.20.1": (FIX_AUX_LAYER_OFFSET, FIX_DDTREE),
 }
 
 LEVEL_REFUSE = "refuse"
@@ -427,8 +429,9 @@ def evaluate(req: Request) -> list[Finding]:
                         "sliding-drafter-silent-full",
                         f"vLLM {vtext} silently runs this drafter's sliding-window layers as full "
                         "non-causal attention, which collapses acceptance without an error "
-                        "(vllm-project/vllm#40898); pick 0.26.0 or later, or 0.20.1 with "
-                        "ddtree_patch, or use a drafter with full-attention layers only",
+                        "(vllm-project/vllm#40898); pick 0.26.0 or later (DFlash chain only), or use "
+                        "a drafter whose layers are all full attention (this project's 0.20.1 change "
+                        "set refuses sliding-window drafters rather than run them wrong)",
                     )
                 )
         elif row.sliding == SLIDING_REFUSES:

@@ -48,7 +48,7 @@ def test_release_check_passes_the_projects_deployment_with_warnings(capsys) -> N
             "version": "0.20.1",
             "method": "ddtree",
             "hybrid_target": True,
-            "sliding_drafter": True,
+            "sliding_drafter": False,
             "ddtree_patch": True,
         },
         capsys,
@@ -60,12 +60,21 @@ def test_release_check_passes_the_projects_deployment_with_warnings(capsys) -> N
     assert result["release"]["since"] == "0.20.0"
     assert [f["code"] for f in result["findings"]] == [
         "aux-layer-offset-patched",
-        "sliding-drafter-patched",
         "ddtree-hybrid-target",
         "gdn-prefix-caching",
         "fa3-aot-cuda-graphs",
     ]
-    assert len(result["warnings_found"]) == 5
+    assert len(result["warnings_found"]) == 4
+
+
+def test_release_check_refuses_a_sliding_drafter_on_the_patched_release(capsys) -> None:
+    failed, result = run_module(
+        vllm_release_check,
+        {"version": "0.20.1", "method": "ddtree", "sliding_drafter": True, "ddtree_patch": True},
+        capsys,
+    )
+    assert failed is True
+    assert [f["code"] for f in result["findings"] if f["level"] == "refuse"] == ["sliding-drafter-silent-full"]
 
 
 def test_release_check_fails_with_every_refusal(capsys) -> None:

@@ -82,8 +82,9 @@ def test_parse_version_rejects_non_releases(text: str) -> None:
 
 
 def test_patch_fixes_for() -> None:
-    assert patch_fixes_for("0.20.1", enabled=True) == ALL_FIXES
-    assert patch_fixes_for("0.20.1+cu130", enabled=True) == ALL_FIXES
+    # The 0.20.1 change set refuses sliding-window drafters: it fixes the other two.
+    assert patch_fixes_for("0.20.1", enabled=True) == frozenset({"aux_layer_offset", "ddtree"})
+    assert patch_fixes_for("0.20.1+cu130", enabled=True) == frozenset({"aux_layer_offset", "ddtree"})
     assert patch_fixes_for("0.20.1", enabled=False) == frozenset()
     assert patch_fixes_for("0.20.0", enabled=True) == frozenset()
     assert patch_fixes_for("0.22.0", enabled=True) == frozenset()
@@ -198,7 +199,8 @@ def test_sliding_drafter_silently_full_is_refused() -> None:
         "code": "sliding-drafter-silent-full",
         "message": "vLLM 0.22.0 silently runs this drafter's sliding-window layers as full non-causal "
         "attention, which collapses acceptance without an error (vllm-project/vllm#40898); pick 0.26.0 "
-        "or later, or 0.20.1 with ddtree_patch, or use a drafter with full-attention layers only",
+        "or later (DFlash chain only), or use a drafter whose layers are all full attention (this project's "
+        "0.20.1 change set refuses sliding-window drafters rather than run them wrong)",
     }
 
 
