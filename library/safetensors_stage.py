@@ -1,0 +1,657 @@
+#!/usr/bin/python
+"""Ansible module (node side of the safetensors_stage action): plan, verify and commit staged weights."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import grp
+import hashlib
+import json
+import os
+import pwd
+import stat
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.model_stage import (
+    INDEX_NAME,
+    SIDECAR_NAME,
+    TEMP_PREFIX,
+    TEMP_SUFFIX,
+    DestFile,
+    SourceFile,
+    StageError,
+    build_index,
+    check_index,
+    check_space,
+    describe,
+    expected_digests,
+    parse_sidecar,
+    plan_stage,
+    record,
+    render_index,
+    render_sidecar,
+    sha256_file,
+    source_layout,
+)
+from ansible.module_utils.safetensors_header import SafetensorsError, read_file_header
+
+DOCUMENTATION = r"""
+---
+module: safetensors_stage
+short_description: Stage safetensors weights into an HF-layout directory, verified and atomically
+description:
+  - Puts drafter (or any) weights into I(dest) as C(model.safetensors), or as shards plus
+    C(model.safetensors.index.json) (written when the source has shards but no index).
+  - Checks free space first, transfers each file to a temporary name inside I(dest) with rsync over
+    the host's SSH settings (C(--partial --append-verify): an interrupted transfer resumes), verifies
+    size, SHA-256 and the safetensors header, then renames into place and sets owner, group and mode.
+  - A sidecar C(dest/.model_stage.json) records each file's size, mtime and SHA-256; a re-run that
+    finds both sides unchanged transfers and hashes nothing.
+  - The controller side is an action plugin of the same name; this module runs on the node.
+version_added: "1.0.0"
+author: model_stage maintainers
+options:
+  src:
+    description:
+      - A C(.safetensors) file (any name; staged as C(model.safetensors)) or a directory of shards
+        (with or without C(model.safetensors.index.json)). On the controller unless I(remote_src).
+    type: path
+    required: true
+  remote_src:
+    description: I(src) is a path on the node (copied locally there, not resumable).
+    type: bool
+    default: false
+  dest:
+    description: The HF-layout directory the engine loads (created if missing).
+    type: path
+    required: true
+  sha256:
+    description:
+      - Expected SHA-256 digest (a string, single-file source) or a mapping of source file name to
+        digest. Without it every file is checked against the digest of its source.
+    type: raw
+  owner:
+    description: Owner of the staged files and of I(dest); must exist on the node.
+    type: str
+    required: true
+  group:
+    description: Group of the staged files and of I(dest); must exist on the node.
+    type: str
+    required: true
+  mode:
+    description: Mode of the staged files.
+    type: str
+    default: "0640"
+  dir_mode:
+    description: Mode of I(dest) when this module creates it or fixes it.
+    type: str
+    default: "0750"
+  space_margin:
+    description: Bytes that must stay free on I(dest)'s filesystem beyond what the transfer writes.
+    type: int
+    default: 1073741824
+  rsync_opts:
+    description: Extra rsync options for the transfer (for example C(--bwlimit=200m)).
+    type: list
+    elements: str
+    default: []
+  step:
+    description: Set by the action plugin (plan, follow, copy or commit); leave unset in tasks.
+    type: str
+    choices: [plan, follow, copy, commit]
+  files:
+    description: Set by the action plugin.
+    type: list
+    elements: dict
+attributes:
+  check_mode:
+    support: full
+    description: Reports the files that would be copied, written or removed; changes nothing.
+  diff_mode:
+    support: full
+    description: The diff names the files in I(dest) before and after.
+notes:
+  - Needs rsync on the controller and the node for a controller-side source; sudo for C(become).
+  - Only the Python standard library on the node.
+"""
+
+EXAMPLES = r"""
+- name: Stage the drafter as model.safetensors
+  safetensors_stage:
+    src: /srv/weights/dflash-q36-27b.safetensors
+    dest: /opt/models/Qwen3.6-27B-DFlash
+    sha256: 0c5a1e9d2f3b4a5c6d7e8f90112233445566778899aabbccddeeff0011223344
+    owner: vllm
+    group: vllm
+  become: true
+
+- name: Report what would be copied
+  safetensors_stage:
+    src: /srv/weights/drafter-shards/
+    dest: /opt/models/drafter
+    owner: vllm
+    group: vllm
+  check_mode: true
+  diff: true
+"""
+
+RETURN = r"""
+dest:
+  description: The destination directory.
+  returned: always
+  type: str
+  sample: /opt/models/Qwen3.6-27B-DFlash
+actions:
+  description: What was (or in check mode would be) done, one line per file.
+  returned: always
+  type: list
+  elements: str
+  sample: ["copy /srv/w/dflash.safetensors -> model.safetensors (3460012345 bytes; not in the destination)"]
+files:
+  description: The staged files with size, mtime and SHA-256 as recorded in the sidecar.
+  returned: success, outside check mode
+  type: dict
+  sample: {"model.safetensors": {"size": 3460012345, "mtime": 1790000000, "sha256": "0c5a...", "source": "/srv/w/d.safetensors"}}
+transferred:
+  description: Names of the files transferred in this run.
+  returned: success
+  type: list
+  elements: str
+  sample: ["model.safetensors"]
+bytes_transferred:
+  description: Bytes written to the node by this run (resumed bytes excluded).
+  returned: success
+  type: int
+  sample: 3460012345
+"""
+
+ARGUMENT_SPEC: dict[str, Any] = {
+    "src": {"type": "path", "required": True},
+    "remote_src": {"type": "bool", "default": False},
+    "dest": {"type": "path", "required": True},
+    "sha256": {"type": "raw"},
+    "owner": {"type": "str", "required": True},
+    "group": {"type": "str", "required": True},
+    "mode": {"type": "str", "default": "0640"},
+    "dir_mode": {"type": "str", "default": "0750"},
+    "space_margin": {"type": "int", "default": 1073741824},
+    "rsync_opts": {"type": "list", "elements": "str", "default": []},
+    "step": {"type": "str", "choices": ["plan", "follow", "copy", "commit"]},
+    "files": {"type": "list", "elements": "dict"},
+}
+
+
+def build_module() -> AnsibleModule:
+    return AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+
+
+def _mode(text: str, what: str) -> int:
+    try:
+        value = int(str(text), 8)
+    except ValueError:
+        raise StageError(f"{what} {text!r} is not an octal mode such as '0640'") from None
+    if value < 0 or value > 0o7777:
+        raise StageError(f"{what} {text!r} is not a file mode")
+    return value
+
+
+def _ids(owner: str, group: str) -> tuple[int, int]:
+    try:
+        uid = pwd.getpwnam(owner).pw_uid
+    except KeyError:
+        raise StageError(
+            f"user {owner!r} does not exist on this node; let the role create it (model_stage_owner_create: true)"
+            " or set model_stage_owner to an existing user"
+        ) from None
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise StageError(
+            f"group {group!r} does not exist on this node; create it or set model_stage_group to an existing group"
+        ) from None
+    return uid, gid
+
+
+def _existing_ancestor(path: str) -> str:
+    p = path
+    while not os.path.exists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    return p
+
+
+def _scan_dest(dest: str) -> tuple[dict[str, DestFile], dict[str, int], str | None]:
+    files: dict[str, DestFile] = {}
+    temps: dict[str, int] = {}
+    sidecar = None
+    if not os.path.isdir(dest):
+        return files, temps, sidecar
+    for entry in os.scandir(dest):
+        if not entry.is_file(follow_symlinks=False):
+            continue
+        st = entry.stat(follow_symlinks=False)
+        if entry.name.startswith(TEMP_PREFIX) and entry.name.endswith(TEMP_SUFFIX):
+            temps[entry.name] = st.st_size
+        elif entry.name == SIDECAR_NAME:
+            with open(entry.path, encoding="utf-8", errors="replace") as fh:
+                sidecar = fh.read(1 << 20)
+        else:
+            files[entry.name] = DestFile(st.st_size, int(st.st_mtime), st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
+    return files, temps, sidecar
+
+
+def _sources(params: dict[str, Any]) -> list[SourceFile]:
+    """The file list the action plugin sent, or (remote_src) the node's own source."""
+    if params["files"] is not None and not params["remote_src"]:
+        return [
+            SourceFile(
+                name=f["name"], origin=f["origin"], size=int(f["size"]), mtime=int(f["mtime"]), sha256=f.get("sha256")
+            )
+            for f in params["files"]
+        ]
+    src = params["src"]
+    if not os.path.exists(src):
+        raise StageError(f"{src}: the source does not exist on the node; check model_stage_src")
+    is_dir = os.path.isdir(src)
+    layout = source_layout(src, is_dir, os.listdir(src) if is_dir else [])
+    names = [os.path.basename(path) for path, _ in layout]
+    digests = expected_digests(params["sha256"], names, names[0] if len(layout) == 1 else None)
+    out = []
+    for path, name in layout:
+        st = os.stat(path)
+        if name != INDEX_NAME:
+            _header(path)
+        out.append(SourceFile(name, path, st.st_size, int(st.st_mtime), digests.get(os.path.basename(path))))
+    return out
+
+
+def _header(path: str) -> dict[str, int]:
+    try:
+        fh = read_file_header(path)
+    except SafetensorsError as exc:
+        raise StageError(str(exc)) from None
+    return {name: t.nbytes for name, t in fh.tensors.items()}
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _check_writable(dest: str) -> str:
+    where = _existing_ancestor(dest)
+    if os.statvfs(where).f_flag & os.ST_RDONLY:
+        raise StageError(
+            f"{dest} is on a read-only filesystem ({where} is mounted read-only); remount it read-write or"
+            " choose another model_stage_dest"
+        )
+    return where
+
+
+def listing_diff(files: dict[str, DestFile], the_plan: Any) -> tuple[str, str]:
+    """The destination's files (name, size, mtime) before and after, one per line, for --diff."""
+    before = {n: f"{n} {f.size} bytes mtime {f.mtime}" for n, f in files.items()}
+    after = dict(before)
+    for p in the_plan.transfers:
+        after[p.source.name] = f"{p.source.name} {p.source.size} bytes mtime {p.source.mtime} from {p.source.origin}"
+    if the_plan.index_stale:
+        after[INDEX_NAME] = f"{INDEX_NAME} (written from the shards' headers)"
+    for n in the_plan.stale_weights:
+        after.pop(n, None)
+    return "".join(f"{before[n]}\n" for n in sorted(before)), "".join(f"{after[n]}\n" for n in sorted(after))
+
+
+def plan(module: AnsibleModule) -> dict[str, Any]:
+    p = module.params
+    dest = p["dest"]
+    if os.path.exists(dest) and not os.path.isdir(dest):
+        raise StageError(f"{dest} exists and is not a directory; model_stage_dest must be a directory")
+    uid, gid = _ids(p["owner"], p["group"])
+    file_mode = _mode(p["mode"], "mode")
+    dir_mode = _mode(p["dir_mode"], "dir_mode")
+    sources = _sources(p)
+    names = {s.name for s in sources}
+    generated_index = len(sources) > 1 and INDEX_NAME not in names
+    files, temps, side_text = _scan_dest(dest)
+    the_plan = plan_stage(sources, files, parse_sidecar(side_text), temps, generated_index)
+    if the_plan.write_index and not the_plan.index_stale:
+        # Unchanged shards: the index is stale only if someone edited it; headers are cheap to read.
+        try:
+            shards = {f.source.name: _header(os.path.join(dest, f.source.name)) for f in the_plan.files}
+            with open(os.path.join(dest, INDEX_NAME), encoding="utf-8") as fh:
+                the_plan.index_stale = fh.read() != render_index(build_index(shards))
+        except (OSError, StageError):
+            the_plan.index_stale = True
+    where = _check_writable(dest)
+    vfs = os.statvfs(where)
+    free = vfs.f_bavail * vfs.f_frsize
+    needed = the_plan.bytes_to_write()
+    check_space(dest, needed, p["space_margin"], free)
+    attrs = sorted(
+        s.name
+        for s in sources
+        if s.name in files
+        and (files[s.name].uid, files[s.name].gid, files[s.name].mode) != (uid, gid, file_mode)
+        and not any(f.source.name == s.name and f.action == "transfer" for f in the_plan.files)
+    )
+    actions = describe(the_plan) + [f"set owner, group and mode of {n}" for n in attrs]
+    dir_missing = not os.path.isdir(dest)
+    if dir_missing:
+        actions.insert(0, f"create {dest}")
+    changed = bool(actions)
+    if not module.check_mode:
+        if dir_missing:
+            os.makedirs(dest, mode=0o755, exist_ok=True)
+        st = os.stat(dest)
+        if (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) != (uid, gid, dir_mode):
+            os.chown(dest, uid, gid)
+            os.chmod(dest, dir_mode)
+            changed = True
+        for t in the_plan.stale_temps:
+            os.unlink(os.path.join(dest, t))
+    before, after = listing_diff(files, the_plan)
+    return {
+        "changed": changed,
+        "actions": actions,
+        "transfers": [
+            {
+                "name": f.source.name,
+                "origin": f.source.origin,
+                "size": f.source.size,
+                "mtime": f.source.mtime,
+                "sha256": f.source.sha256,
+                "temp": os.path.join(dest, f.source.temp),
+                "partial": f.partial,
+            }
+            for f in the_plan.transfers
+        ],
+        "keep": [f.source.name for f in the_plan.files if f.action == "keep"],
+        "attrs": attrs,
+        "stale_weights": the_plan.stale_weights,
+        "write_index": generated_index,
+        "index_stale": the_plan.index_stale,
+        "bytes_needed": needed,
+        "bytes_free": free,
+        "diff": {
+            "before_header": dest,
+            "after_header": dest,
+            "before": before,
+            "after": after,
+        },
+    }
+
+
+def copy_local(module: AnsibleModule) -> dict[str, Any]:
+    """Copy node-local sources to their temporary names, hashing what is read (one pass)."""
+    digests = {}
+    for f in module.params["files"] or []:
+        if f.get("kind") != "transfer":
+            continue
+        h = hashlib.sha256()
+        with open(f["origin"], "rb") as src, open(f["temp"], "wb") as out:
+            while True:
+                chunk = src.read(8 * 1024 * 1024)
+                if not chunk:
+                    break
+                h.update(chunk)
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        os.utime(f["temp"], (f["mtime"], f["mtime"]))
+        digests[f["name"]] = h.hexdigest()
+    return {"changed": True, "digests": digests}
+
+
+FOLLOW_STALL_SECONDS = 15.0
+
+
+def _follow_one(path: str, size: int, stall: float) -> str | None:
+    """SHA-256 of a file read while it is being written, once it holds ``size`` bytes.
+
+    None when it stops growing for ``stall`` seconds (the transfer failed or paused): the commit
+    then hashes the finished file instead.
+    """
+    h = hashlib.sha256()
+    done = 0
+    last = time.monotonic()
+    fh = None
+    try:
+        while done < size:
+            if fh is None:
+                try:
+                    fh = open(path, "rb")  # noqa: SIM115  (kept open while the file grows)
+                except FileNotFoundError:
+                    if time.monotonic() - last > stall:
+                        return None
+                    time.sleep(0.05)
+                    continue
+            chunk = fh.read(min(8 * 1024 * 1024, size - done))
+            if chunk:
+                h.update(chunk)
+                done += len(chunk)
+                last = time.monotonic()
+            elif time.monotonic() - last > stall:
+                return None
+            else:
+                time.sleep(0.02)
+    finally:
+        if fh is not None:
+            fh.close()
+    return h.hexdigest()
+
+
+def follow(module: AnsibleModule) -> dict[str, Any]:
+    """Hash the temporary files while rsync writes them, in transfer order (overlaps the two)."""
+    prehashed = {}
+    for f in module.params["files"] or []:
+        prehashed[f["name"]] = _follow_one(f["temp"], int(f["size"]), float(f.get("stall", FOLLOW_STALL_SECONDS)))
+    return {"changed": False, "prehashed": prehashed}
+
+
+def _remove_temps(files: list[dict[str, Any]]) -> None:
+    for f in files:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f["temp"])
+
+
+def _verify(f: dict[str, Any]) -> str:
+    """SHA-256 of a transferred temporary file, after checking its size and digest."""
+    temp = f["temp"]
+    if not os.path.isfile(temp):
+        raise StageError(f"{f['name']}: the transferred file {temp} is missing; run the play again")
+    size = os.path.getsize(temp)
+    if size != f["size"]:
+        raise StageError(
+            f"{f['name']}: the transfer wrote {size} bytes but the source has {f['size']}: the copy is"
+            " incomplete; run the play again"
+        )
+    # A digest taken while the file was written counts only if it is the right one; otherwise the
+    # finished file is read again (rsync may have rewritten part of it after a failed check).
+    got = f["digest"] if f.get("prehashed") == f["digest"] else sha256_file(temp)
+    if got != f["digest"]:
+        if f["digest_from"] == "inventory":
+            raise StageError(
+                f"{f['name']}: SHA-256 of {f['origin']} is {got} but the inventory expects {f['digest']}:"
+                " the source is not the expected file; check model_stage_src and model_stage_sha256"
+                " (nothing was replaced)"
+            )
+        raise StageError(
+            f"{f['name']}: SHA-256 of the copy is {got} but the source's is {f['digest']}: the copy is"
+            " corrupt; run the play again (nothing was replaced)"
+        )
+    return got
+
+
+def _already_committed(dest: str, f: dict[str, Any], records: dict[str, dict[str, Any]]) -> bool:
+    """The temporary file is gone because it is in place already, verified and recorded."""
+    if os.path.exists(f["temp"]):
+        return False
+    rec = records.get(f["name"])
+    try:
+        st = os.stat(os.path.join(dest, f["name"]))
+    except FileNotFoundError:
+        return False
+    return (
+        rec is not None
+        and rec.get("sha256") == f["digest"]
+        and (st.st_size, int(st.st_mtime)) == (f["size"], f["mtime"])
+        and (rec.get("size"), rec.get("mtime")) == (f["size"], f["mtime"])
+    )
+
+
+@contextlib.contextmanager
+def _locked(dest: str) -> Iterator[None]:
+    """One plan or commit at a time per destination (flock on the directory itself: no lock file)."""
+    if not os.path.isdir(dest):
+        yield
+        return
+    fd = os.open(dest, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def commit(module: AnsibleModule) -> dict[str, Any]:
+    """Verify every transferred temporary file, then rename all into place and record them."""
+    p = module.params
+    dest = p["dest"]
+    uid, gid = _ids(p["owner"], p["group"])
+    file_mode = _mode(p["mode"], "mode")
+    entries = p["files"] or []
+    by_kind: dict[str, list[dict[str, Any]]] = {"transfer": [], "keep": [], "remove": [], "generate_index": []}
+    for f in entries:
+        by_kind[f["kind"]].append(f)
+    transfers = by_kind["transfer"]
+    sharded = len(transfers) + len(by_kind["keep"]) > 1
+    shard_tensors: dict[str, dict[str, int]] = {}
+    index_text: str | None = None
+    new_records: dict[str, dict[str, Any]] = {}
+    records = parse_sidecar(_scan_dest(dest)[2])
+    try:
+        for f in transfers:
+            if _already_committed(dest, f, records):
+                # The same commit ran before (an SSH retry re-runs a module whose first run went on).
+                shard_tensors[f["name"]] = {} if f["name"] == INDEX_NAME else _header(os.path.join(dest, f["name"]))
+                new_records[f["name"]] = records[f["name"]]
+                f["done"] = True
+                continue
+            digest = _verify(f)
+            source = SourceFile(f["name"], f["origin"], int(f["size"]), int(f["mtime"]))
+            new_records[f["name"]] = record(source, digest)
+            if f["name"] == INDEX_NAME:
+                with open(f["temp"], encoding="utf-8") as fh:
+                    index_text = fh.read()
+            else:
+                shard_tensors[f["name"]] = _header(f["temp"])
+        if sharded:
+            for f in by_kind["keep"]:
+                path = os.path.join(dest, f["name"])
+                if f["name"] == INDEX_NAME:
+                    with open(path, encoding="utf-8") as fh:
+                        index_text = fh.read()
+                else:
+                    shard_tensors[f["name"]] = _header(path)
+            if by_kind["generate_index"]:
+                index_text = render_index(build_index(shard_tensors))
+            elif index_text is None and any(f.get("done") and f["name"] == INDEX_NAME for f in transfers):
+                pass
+            elif index_text is not None:
+                try:
+                    index = json.loads(index_text)
+                except ValueError as exc:
+                    raise StageError(f"{INDEX_NAME} from the source is not valid JSON ({exc})") from None
+                check_index(index, {k: set(v) for k, v in shard_tensors.items()}, INDEX_NAME)
+    except (StageError, OSError) as exc:
+        _remove_temps(transfers)
+        if isinstance(exc, OSError):
+            raise StageError(f"{dest}: {exc.strerror or exc}; nothing was replaced") from None
+        raise
+
+    changed = False
+    transfers = [f for f in transfers if not f.get("done")]
+    for f in transfers:
+        os.chown(f["temp"], uid, gid)
+        os.chmod(f["temp"], file_mode)
+    # Shards first, the index last: the index never names a shard that is not in place yet.
+    for f in sorted(transfers, key=lambda f: f["name"] == INDEX_NAME):
+        os.replace(f["temp"], os.path.join(dest, f["name"]))
+        changed = True
+    if by_kind["generate_index"] and index_text is not None:
+        path = os.path.join(dest, INDEX_NAME)
+        old = None
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as fh:
+                old = fh.read()
+        if old != index_text:
+            _atomic_write(path, index_text, uid, gid, file_mode)
+            changed = True
+    for f in by_kind["keep"]:
+        path = os.path.join(dest, f["name"])
+        st = os.stat(path)
+        if (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) != (uid, gid, file_mode):
+            os.chown(path, uid, gid)
+            os.chmod(path, file_mode)
+            changed = True
+    for f in by_kind["remove"]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(dest, f["name"]))
+            changed = True
+    _, _, side_text = _scan_dest(dest)
+    keep_names = {f["name"] for f in by_kind["keep"]}
+    merged = {n: r for n, r in records.items() if n in keep_names}
+    merged.update(new_records)
+    side = render_sidecar(merged)
+    if side != side_text:
+        _atomic_write(os.path.join(dest, SIDECAR_NAME), side, uid, gid, 0o644)
+    _fsync_dir(dest)
+    reread = sorted(f["name"] for f in transfers if f.get("prehashed") != f["digest"])
+    return {"changed": changed, "files": merged, "transferred": sorted(new_records), "reread": reread}
+
+
+def _atomic_write(path: str, text: str, uid: int, gid: int, mode: int) -> None:
+    tmp = os.path.join(os.path.dirname(path), f"{TEMP_PREFIX}{os.path.basename(path)}.write{TEMP_SUFFIX}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chown(tmp, uid, gid)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def run(module: AnsibleModule) -> None:
+    step = module.params["step"] or "plan"
+    try:
+        with _locked(module.params["dest"]):
+            if step == "plan":
+                result = plan(module)
+            elif step == "follow":
+                result = follow(module)
+            elif step == "copy":
+                result = copy_local(module)
+            else:
+                result = commit(module)
+    except StageError as exc:
+        module.fail_json(msg=str(exc))
+    except OSError as exc:
+        module.fail_json(msg=f"{module.params['dest']}: {exc.strerror or exc} ({getattr(exc, 'filename', '')})")
+    module.exit_json(dest=module.params["dest"], **result)
+
+
+def main() -> None:
+    run(build_module())
+
+
+if __name__ == "__main__":
+    main()

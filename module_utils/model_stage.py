@@ -1,0 +1,319 @@
+"""Decide and carry out the staging of safetensors weights into an HF-layout directory.
+
+Pure logic shared by the ``safetensors_stage`` action plugin (controller side) and module
+(node side). A staging moves files into ``dest`` as ``model.safetensors`` (one file) or as
+shards plus ``model.safetensors.index.json``. Each file travels to a temporary name in
+``dest`` itself (same filesystem, so the final ``os.replace`` is atomic), keyed by the
+source's size and mtime so an interrupted transfer of the same source resumes and a changed
+source never appends to a stale one. After a file is verified (size, SHA-256, header) it is
+renamed into place and recorded in a sidecar, ``dest/.model_stage.json``, keyed by size and
+mtime: a re-run that finds the same size and mtime on both sides transfers and hashes nothing.
+
+Standard library and ``ansible.module_utils`` only (runs on managed nodes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+SINGLE_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+SIDECAR_NAME = ".model_stage.json"
+TEMP_PREFIX = ".model_stage-"
+TEMP_SUFFIX = ".part"
+SIDECAR_VERSION = 1
+_CHUNK = 8 * 1024 * 1024
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class StageError(ValueError):
+    """Staging cannot go on; the message says what is wrong and what to do."""
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file to stage: the name it gets in dest, where it comes from, its size and mtime."""
+
+    name: str
+    origin: str
+    size: int
+    mtime: int
+    sha256: str | None = None  # expected digest from the inventory, if any
+
+    @property
+    def is_index(self) -> bool:
+        return self.name == INDEX_NAME
+
+    @property
+    def temp(self) -> str:
+        return temp_name(self.name, self.size, self.mtime)
+
+
+@dataclass(frozen=True)
+class DestFile:
+    """What ``dest`` holds under one name (None fields: absent)."""
+
+    size: int
+    mtime: int
+    uid: int
+    gid: int
+    mode: int
+
+
+@dataclass
+class FilePlan:
+    source: SourceFile
+    action: str  # "keep" or "transfer"
+    reason: str
+    partial: int = 0  # bytes already in the temporary file from an interrupted run
+
+
+@dataclass
+class Plan:
+    files: list[FilePlan]
+    stale_temps: list[str] = field(default_factory=list)
+    stale_weights: list[str] = field(default_factory=list)
+    write_index: bool = False  # the source has shards but no index: the node writes one
+    index_stale: bool = False  # ... and the one in dest is missing or will change
+
+    @property
+    def transfers(self) -> list[FilePlan]:
+        return [p for p in self.files if p.action == "transfer"]
+
+    def bytes_to_write(self) -> int:
+        return sum(p.source.size - p.partial for p in self.transfers)
+
+
+def temp_name(name: str, size: int, mtime: int) -> str:
+    return f"{TEMP_PREFIX}{name}.{size}-{mtime}{TEMP_SUFFIX}"
+
+
+def human(n: int) -> str:
+    """Bytes as an operator reads them, with the exact count."""
+    units = ["B", "KiB", "MiB", "GiB", "TiB"]
+    v = float(n)
+    for u in units:
+        if abs(v) < 1024 or u == units[-1]:
+            return f"{v:.1f} {u} ({n} bytes)" if u != "B" else f"{n} bytes"
+        v /= 1024
+    return f"{n} bytes"  # pragma: no cover
+
+
+def normalise_digest(value: Any, what: str) -> str:
+    """A SHA-256 digest as 64 lowercase hex digits; accepts an optional ``sha256:`` prefix."""
+    if not isinstance(value, str):
+        raise StageError(f"{what}: the expected SHA-256 must be a string of 64 hex digits, not {value!r}")
+    text = value.strip().lower()
+    if text.startswith("sha256:"):
+        text = text[len("sha256:") :]
+    if not _HEX64.match(text):
+        raise StageError(
+            f"{what}: {value!r} is not a SHA-256 digest (64 hex digits); give the output of"
+            " 'sha256sum FILE' for the source file"
+        )
+    return text
+
+
+def expected_digests(sha256: Any, names: list[str], single_origin: str | None) -> dict[str, str]:
+    """Map source file names to expected digests from the task's ``sha256`` option.
+
+    A string applies to a single-file source; a dict maps source file names (as in the source
+    directory) to digests and must name only files that are staged.
+    """
+    if sha256 is None or sha256 == "" or sha256 == {}:
+        return {}
+    if isinstance(sha256, str):
+        if single_origin is None:
+            raise StageError(
+                "sha256 is one digest but the source has several files; give a mapping of file name to digest instead"
+            )
+        return {single_origin: normalise_digest(sha256, single_origin)}
+    if isinstance(sha256, dict):
+        unknown = sorted(set(sha256) - set(names))
+        if unknown:
+            raise StageError(
+                f"sha256 names {', '.join(unknown)}, which the source does not have (it has"
+                f" {', '.join(sorted(names))}); fix the names in the inventory"
+            )
+        return {k: normalise_digest(v, k) for k, v in sha256.items()}
+    raise StageError(f"sha256 must be a digest string or a mapping of file name to digest, not {type(sha256).__name__}")
+
+
+def source_layout(src: str, is_dir: bool, listing: list[str]) -> list[tuple[str, str]]:
+    """(source path, name in dest) for every file to stage, from the source and its listing.
+
+    A file (any name) becomes ``model.safetensors``; a directory with one ``.safetensors`` and no
+    index likewise; a directory with shards keeps their names, plus its index if it has one.
+    """
+    if not is_dir:
+        if not src.endswith(".safetensors"):
+            raise StageError(
+                f"{src}: the source must be a .safetensors file or a directory of them (got a file named"
+                f" {os.path.basename(src)!r}); point model_stage_src at the weights"
+            )
+        return [(src, SINGLE_NAME)]
+    shards = sorted(n for n in listing if n.endswith(".safetensors") and not n.startswith("."))
+    has_index = INDEX_NAME in listing
+    if not shards:
+        raise StageError(f"{src}: the directory holds no .safetensors file; point model_stage_src at the weights")
+    if len(shards) == 1 and not has_index:
+        return [(os.path.join(src, shards[0]), SINGLE_NAME)]
+    out = [(os.path.join(src, n), n) for n in shards]
+    if has_index:
+        out.append((os.path.join(src, INDEX_NAME), INDEX_NAME))
+    return out
+
+
+def parse_sidecar(text: str | None) -> dict[str, dict[str, Any]]:
+    """The sidecar's per-file records; anything unreadable counts as no record (files get re-verified)."""
+    if not text:
+        return {}
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(obj, dict) or obj.get("version") != SIDECAR_VERSION or not isinstance(obj.get("files"), dict):
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for name, rec in obj["files"].items():
+        if isinstance(rec, dict) and isinstance(rec.get("sha256"), str):
+            out[name] = rec
+    return out
+
+
+def render_sidecar(records: dict[str, dict[str, Any]]) -> str:
+    return (
+        json.dumps({"version": SIDECAR_VERSION, "files": dict(sorted(records.items()))}, indent=2, sort_keys=True)
+        + "\n"
+    )
+
+
+def record(src: SourceFile, digest: str) -> dict[str, Any]:
+    """The sidecar entry for a staged file: the dest's own size and mtime equal the source's."""
+    return {"size": src.size, "mtime": src.mtime, "sha256": digest, "source": src.origin}
+
+
+def plan_stage(
+    sources: list[SourceFile],
+    dest: dict[str, DestFile],
+    sidecar: dict[str, dict[str, Any]],
+    temps: dict[str, int],
+    generated_index: bool,
+) -> Plan:
+    """Which files need a transfer, which temporary files are stale, which old weights to remove.
+
+    ``dest`` maps names in the destination to their state, ``temps`` maps temporary file names
+    found there to their size. A file is kept only when dest has it with the source's size and
+    mtime and the sidecar holds a digest for exactly that size and mtime (and, when the inventory
+    gives a digest, that digest).
+    """
+    plans: list[FilePlan] = []
+    for s in sources:
+        have = dest.get(s.name)
+        rec = sidecar.get(s.name)
+        if have is None:
+            action, reason = "transfer", "not in the destination"
+        elif have.size != s.size:
+            action, reason = "transfer", f"size differs ({have.size} in dest, {s.size} in source)"
+        elif have.mtime != s.mtime:
+            action, reason = "transfer", "modification time differs (the source changed)"
+        elif rec is None or rec.get("size") != s.size or rec.get("mtime") != s.mtime:
+            action, reason = "transfer", "no verified digest recorded for this file"
+        elif s.sha256 is not None and rec.get("sha256") != s.sha256:
+            action, reason = "transfer", "the expected SHA-256 differs from the one recorded"
+        else:
+            action, reason = "keep", "unchanged (size, mtime and recorded digest match)"
+        partial = 0
+        if action == "transfer":
+            partial = min(temps.get(s.temp, 0), s.size)
+        plans.append(FilePlan(source=s, action=action, reason=reason, partial=partial))
+    wanted_temps = {p.source.temp for p in plans if p.action == "transfer"}
+    stale_temps = sorted(t for t in temps if t not in wanted_temps)
+    names = {s.name for s in sources}
+    if generated_index:
+        names.add(INDEX_NAME)
+    stale_weights = sorted(n for n in dest if n not in names and (n.endswith(".safetensors") or n == INDEX_NAME))
+    index_stale = generated_index and (INDEX_NAME not in dest or any(p.action == "transfer" for p in plans))
+    return Plan(
+        files=plans,
+        stale_temps=stale_temps,
+        stale_weights=stale_weights,
+        write_index=generated_index,
+        index_stale=index_stale,
+    )
+
+
+def check_space(dest: str, needed: int, margin: int, free: int) -> None:
+    if needed == 0:
+        return
+    if free < needed + margin:
+        raise StageError(
+            f"not enough space for {dest}: staging needs {human(needed)} plus a margin of {human(margin)},"
+            f" but the filesystem has {human(free)} free; free up space or stage elsewhere (model_stage_dest)"
+        )
+
+
+def build_index(shards: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """A ``model.safetensors.index.json`` for shards given as {shard name: {tensor: nbytes}}."""
+    weight_map: dict[str, str] = {}
+    total = 0
+    for shard in sorted(shards):
+        for tensor, nbytes in sorted(shards[shard].items()):
+            if tensor in weight_map:
+                raise StageError(
+                    f"tensor {tensor!r} is in both {weight_map[tensor]} and {shard}; the shards do not belong together"
+                )
+            weight_map[tensor] = shard
+            total += nbytes
+    return {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+
+
+def render_index(index: dict[str, Any]) -> str:
+    return json.dumps(index, indent=2, sort_keys=True) + "\n"
+
+
+def check_index(index: dict[str, Any], shards: dict[str, set[str]], where: str) -> None:
+    """The index maps every tensor of the shards, and only those, to the shard holding it."""
+    wmap = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wmap, dict) or not wmap:
+        raise StageError(f"{where}: not a shard index (needs a non-empty 'weight_map' object)")
+    named = set(wmap.values())
+    missing = sorted(n for n in named if n not in shards)
+    if missing:
+        raise StageError(f"{where}: names shard(s) {', '.join(missing)} that the source does not have")
+    for shard, tensors in sorted(shards.items()):
+        for t in sorted(tensors):
+            if wmap.get(t) != shard:
+                raise StageError(f"{where}: tensor {t!r} is in {shard} but the index maps it to {wmap.get(t)!r}")
+    extra = sorted(set(wmap) - set().union(*shards.values()))
+    if extra:
+        raise StageError(f"{where}: maps tensor {extra[0]!r} that no shard holds")
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while True:
+            chunk = fh.read(_CHUNK)
+            if not chunk:
+                return h.hexdigest()
+            h.update(chunk)
+
+
+def describe(plan: Plan) -> list[str]:
+    """One line per file for check mode, diff and the task's result."""
+    lines = []
+    for p in plan.files:
+        if p.action == "transfer":
+            extra = f", resuming after {p.partial} bytes" if p.partial else ""
+            lines.append(f"copy {p.source.origin} -> {p.source.name} ({p.source.size} bytes; {p.reason}{extra})")
+    if plan.index_stale:
+        lines.append(f"write {INDEX_NAME} (the source has shards but no index)")
+    lines += [f"remove {n} (not part of the source)" for n in plan.stale_weights]
+    lines += [f"remove {n} (left over from an earlier transfer of another source)" for n in plan.stale_temps]
+    return lines

@@ -1,0 +1,96 @@
+"""The safetensors_stage action plugin's controller-side helpers: rsync quoting and the digest cache."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+PLUGIN = Path(__file__).resolve().parents[2] / "plugins" / "action" / "safetensors_stage.py"
+
+
+@pytest.fixture(scope="module")
+def action():
+    """The plugin, loaded when these tests run (loading it reads Ansible's configuration)."""
+    spec = importlib.util.spec_from_file_location("safetensors_stage_action", PLUGIN)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize(
+    ("arg", "quoted"),
+    [
+        ("ssh", "ssh"),
+        ("UserKnownHostsFile=/var/lib/lab/known_hosts", "UserKnownHostsFile=/var/lib/lab/known_hosts"),
+        ("IdentityFile=/home/op/my keys/id", "'IdentityFile=/home/op/my keys/id'"),
+        ("ProxyCommand=ssh -W %h:%p 'jump'", "\"ProxyCommand=ssh -W %h:%p 'jump'\""),
+        ("", "''"),
+    ],
+)
+def test_rsync_quote(action, arg, quoted):
+    assert action.rsync_quote(arg) == quoted
+
+
+def test_digest_is_cached_by_size_mtime_and_inode(action, tmp_path):
+    src = tmp_path / "d.safetensors"
+    src.write_bytes(b"abc" * 1000)
+    cache = tmp_path / "cache"
+    first = action.cached_sha256(str(src), str(cache))
+    assert first == hashlib.sha256(b"abc" * 1000).hexdigest()
+    (entry,) = cache.glob("*.json")
+    rec = json.loads(entry.read_text())
+    # A cached digest is returned without reading the file again ...
+    entry.write_text(json.dumps({**rec, "sha256": "f" * 64}))
+    assert action.cached_sha256(str(src), str(cache)) == "f" * 64
+    # ... until the file's mtime (or size, or inode) changes.
+    os.utime(src, ns=(rec["mtime_ns"] + 1, rec["mtime_ns"] + 1))
+    assert action.cached_sha256(str(src), str(cache)) == first
+    src.write_bytes(b"xyz")
+    assert action.cached_sha256(str(src), str(cache)) == hashlib.sha256(b"xyz").hexdigest()
+
+
+DIGEST = "5020823fe0e40834133cbf04f57dc4d8db9a5c8f267dd8dcd2ac0d86e1877658"
+SIDECAR = (
+    '{"files": {"model.safetensors": {"mtime": 1796026301, "sha256": "' + DIGEST + '",'
+    ' "size": 268435664, "source": "/w/a.safetensors"}}, "version": 1}'
+)
+LISTING = (
+    "|4096|1796026849.9072278980|vllm|vllm|750|d\r\n"
+    "model.safetensors|268435664|1796026301.1552340770|vllm|vllm|640|f\r\n"
+    ".model_stage.json|247|1796026849.9011244160|vllm|vllm|644|f\r\n"
+    "--model-stage-sidecar--\r\n" + SIDECAR + "\r\n"
+)
+SOURCES = [{"name": "model.safetensors", "origin": "/w/a.safetensors", "size": 268435664, "mtime": 1796026301}]
+ARGS = {"owner": "vllm", "group": "vllm", "mode": "0640", "dir_mode": "0750"}
+
+
+def test_quick_check_sees_an_unchanged_node(action):
+    assert action.unchanged_on_node(LISTING, SOURCES, ARGS) == {
+        "model.safetensors": {"mtime": 1796026301, "sha256": DIGEST, "size": 268435664, "source": "/w/a.safetensors"}
+    }
+    assert action.unchanged_on_node(LISTING, [{**SOURCES[0], "sha256": DIGEST}], ARGS) is not None
+
+
+@pytest.mark.parametrize(
+    ("listing", "sources", "args"),
+    [
+        (LISTING.replace("|1796026301.155", "|1796026302.155"), SOURCES, ARGS),  # mtime differs
+        (LISTING.replace("|268435664|", "|268435000|"), SOURCES, ARGS),  # size differs
+        (LISTING, SOURCES, {**ARGS, "owner": "root"}),  # owner drifted
+        (LISTING, SOURCES, {**ARGS, "mode": "0644"}),  # mode drifted
+        (LISTING, SOURCES, {**ARGS, "dir_mode": "0755"}),  # directory mode drifted
+        (LISTING, [{**SOURCES[0], "sha256": "0" * 64}], ARGS),  # the inventory expects another digest
+        (LISTING.replace(".model_stage.json|", ".model_stage-x.1-1.part|"), SOURCES, ARGS),  # a stale temp
+        (LISTING.replace("model.safetensors|", "model-00001.safetensors|x|"), SOURCES, ARGS),  # unparsable
+        (LISTING.split("--model-stage-sidecar--")[0], SOURCES, ARGS),  # no sidecar
+        (LISTING.replace(DIGEST, "nope"), [{**SOURCES[0], "sha256": DIGEST}], ARGS),
+        ("", SOURCES, ARGS),
+    ],
+)
+def test_quick_check_leaves_everything_else_to_the_node(action, listing, sources, args):
+    assert action.unchanged_on_node(listing, sources, args) is None
