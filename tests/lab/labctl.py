@@ -109,6 +109,10 @@ class Lab:
         return self.dir / "id_ed25519"
 
     @property
+    def drafter(self) -> Path:
+        return self.dir / "dflash-q36-27b.safetensors"
+
+    @property
     def known_hosts(self) -> Path:
         return self.dir / "known_hosts"
 
@@ -465,6 +469,7 @@ def write_inventory(lab: Lab, inv_dir: Path) -> None:
         f"        ansible_ssh_common_args: -o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes",
         "        ansible_python_interpreter: /usr/bin/python3",
         f"        lab_name: {lab.name}",
+        f"        lab_drafter_file: {lab.drafter}",
     ]
     tmp = inv_dir / ".hosts.yml.tmp"
     tmp.write_text("\n".join(lines) + "\n")
@@ -494,6 +499,9 @@ def up(name: str, count: int, fixtures: list[str], inv_dir: Path) -> None:
         run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"dflash-lab-{name}", "-f", str(lab.key))
     base = base_rootfs()
     ensure_bridge(lab)
+    # The drafter the deployment stages, kept on the controller like an operator's download.
+    if not lab.drafter.exists():
+        run(sys.executable, str(FAKES / "drafter_model.py"), str(lab.drafter), capture=True)
 
     # Nodes beyond the requested count are removed; the rest are reused or (re)made.
     for extra in lab.nodes[count:]:

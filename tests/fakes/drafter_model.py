@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Write a small DFlash drafter for the lab's Qwen3.6-27B target with the safetensors library.
+"""Test double for the DFlash drafter checkpoint (Qwen3.6-27B-DFlash, 3.46 GB): a small one the lab stages.
 
 Hidden size 5120 (the target's), one draft layer tapping one target layer, 2 query heads and
 1 KV head of 64, MLP width 64, float16: about 53 MB, real random weights in the z-lab layout.
 
-Usage: make_drafter.py DEST_FILE
+Usage: drafter_model.py DEST_FILE
 """
 
 from __future__ import annotations
@@ -47,5 +47,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: make_drafter.py DEST_FILE")
+        sys.exit("usage: drafter_model.py DEST_FILE")
     main()
