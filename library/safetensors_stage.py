@@ -315,7 +315,14 @@ def plan(module: AnsibleModule) -> dict[str, Any]:
     dest = p["dest"]
     if os.path.exists(dest) and not os.path.isdir(dest):
         raise StageError(f"{dest} exists and is not a directory; model_stage_dest must be a directory")
-    uid, gid = _ids(p["owner"], p["group"])
+    try:
+        uid, gid = _ids(p["owner"], p["group"])
+    except StageError:
+        if not module.check_mode:
+            raise
+        # In --check the role's account task only pretends to create the owner: plan without it.
+        module.warn(f"{p['owner']}:{p['group']} does not exist yet; a real run creates it before staging")
+        uid, gid = -1, -1
     file_mode = _mode(p["mode"], "mode")
     dir_mode = _mode(p["dir_mode"], "dir_mode")
     sources = _sources(p)
