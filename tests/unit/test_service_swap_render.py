@@ -15,8 +15,14 @@ PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 
 
 def ansible(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    # Only localhost: the repository's default inventory (the lab's group_vars) must not leak in.
     env = dict(
-        os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_INJECT_FACT_VARS="False", TMPDIR=str(tmp_path)
+        os.environ,
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_INVENTORY="localhost,",
+        ANSIBLE_INJECT_FACT_VARS="False",
+        DFLASH_REPORT_DIR=str(tmp_path / "reports"),
+        TMPDIR=str(tmp_path),
     )
     return subprocess.run([PLAYBOOK, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
