@@ -185,6 +185,8 @@ class VLLM(Engine):
 
     speculative: dict | None = None
     accept_share: float = HEALTHY_ACCEPT_SHARE
+    max_num_seqs: int = 1024
+    max_num_batched_tokens: int = 8192
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> VLLM:
@@ -222,6 +224,9 @@ class VLLM(Engine):
         )
         engine.max_model_len = a.max_model_len
         engine.speculative_raw = a.speculative_config
+        # vLLM's `serve` defaults on GPUs of 70 GB and more (the lab's fixtures are H200s).
+        engine.max_num_seqs = a.max_num_seqs or 1024
+        engine.max_num_batched_tokens = a.max_num_batched_tokens or 8192
         return engine
 
     def check(self) -> None:
@@ -233,6 +238,18 @@ class VLLM(Engine):
             raise Refusal(f"--max-model-len {self.max_model_len} exceeds the model's max_position_embeddings {limit}")
         if self.speculative_raw is not None:
             self.speculative = parse_speculative_config(self.speculative_raw, len(self.gpus))
+            spec = self.speculative
+            # vLLM 0.20.1 (VllmConfig._set_max_num_scheduled_tokens): DFlash drafts in parallel and
+            # reserves (tokens verified per step - 1) batched-token slots per sequence.
+            verified = int(spec.get("ddtree_budget") or spec["num_speculative_tokens"])
+            left = self.max_num_batched_tokens - (verified - 1) * self.max_num_seqs
+            if left <= 0:
+                raise Refusal(
+                    f"max_num_scheduled_tokens is set to {left} based on the speculative decoding settings,"
+                    " which does not allow any tokens to be scheduled. Increase max_num_batched_tokens to"
+                    " accommodate the additional draft token slots, or decrease num_speculative_tokens or"
+                    " max_num_seqs."
+                )
 
     def on_completion(self, tokens: int) -> None:
         super().on_completion(tokens)

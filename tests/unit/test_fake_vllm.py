@@ -57,9 +57,14 @@ def test_parses_the_unit_command_line(target, drafter):
         "2",
         "--speculative-config",
         spec(method="ddtree", model=str(drafter), num_speculative_tokens=15, ddtree_budget=64),
+        "--max-num-seqs",
+        "32",
+        "--max-num-batched-tokens",
+        "16384",
         "--no-enable-prefix-caching",
     )
     assert (e.served_name, e.port, e.gpus) == ("Qwen3.6-27B", 8000, [0, 1])
+    assert (e.max_num_seqs, e.max_num_batched_tokens) == (32, 16384)
     assert e.speculative == {
         "method": "ddtree",
         "model": str(drafter),
@@ -104,6 +109,22 @@ def test_refuses_a_missing_target(tmp_path):
 def test_refuses_a_context_longer_than_the_model(target):
     with pytest.raises(fake.Refusal, match="--max-model-len 300000 exceeds the model's max_position_embeddings 262144"):
         engine(target, "--max-model-len", "300000")
+
+
+def test_refuses_draft_slots_that_leave_no_scheduled_tokens(target, drafter):
+    # vLLM 0.20.1 with its serve defaults on a 70 GB+ GPU (1024 sequences, 8192 batched tokens):
+    # DDTree budget 16 reserves 15 slots per sequence, 15360 in all.
+    ddtree = spec(method="ddtree", model=str(drafter), num_speculative_tokens=7, ddtree_budget=16)
+    with pytest.raises(fake.Refusal, match="max_num_scheduled_tokens is set to -7168 based on the speculative"):
+        engine(target, "--speculative-config", ddtree)
+    chain = spec(method="dflash", model=str(drafter), num_speculative_tokens=15)
+    with pytest.raises(fake.Refusal, match="max_num_scheduled_tokens is set to -6144 based on the speculative"):
+        engine(target, "--speculative-config", chain)
+    # What service_swap renders by default: 32 sequences, 16384 batched tokens.
+    e = engine(target, "--speculative-config", ddtree, "--max-num-seqs", "32", "--max-num-batched-tokens", "16384")
+    assert e.speculative["ddtree_budget"] == 16
+    with pytest.raises(fake.Refusal, match="is set to 0 based on"):
+        engine(target, "--speculative-config", ddtree, "--max-num-seqs", "32", "--max-num-batched-tokens", "480")
 
 
 def test_knobs_per_engine(tmp_path, monkeypatch):

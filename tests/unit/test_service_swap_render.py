@@ -74,6 +74,8 @@ def test_hybrid_target_dflash(dirs):
         " --tensor-parallel-size 1 \\",
         " --max-model-len 32768 \\",
         " --gpu-memory-utilization 0.9 \\",
+        " --max-num-seqs 32 \\",
+        " --max-num-batched-tokens 16384 \\",
         ' --speculative-config \'{"method":"dflash","model":"/opt/models/drafter","num_speculative_tokens":15}\' \\',
         " --no-enable-prefix-caching",
     ]
@@ -91,7 +93,7 @@ def test_dense_target_ddtree_with_budget_and_extra_args(dirs):
         "-e",
         "service_swap_tensor_parallel_size=2",
         "-e",
-        '{"service_swap_extra_args": ["--reasoning-parser", "qwen3", "--max-num-batched-tokens", "8192"]}',
+        '{"service_swap_extra_args": ["--reasoning-parser", "qwen3", "--enforce-eager"]}',
     )
     assert lines == [
         f"ExecStart=/opt/vllm/0.20.1/bin/vllm serve {t} \\",
@@ -101,20 +103,22 @@ def test_dense_target_ddtree_with_budget_and_extra_args(dirs):
         " --tensor-parallel-size 2 \\",
         " --max-model-len 32768 \\",
         " --gpu-memory-utilization 0.9 \\",
+        " --max-num-seqs 32 \\",
+        " --max-num-batched-tokens 16384 \\",
         ' --speculative-config \'{"method":"ddtree","model":"/opt/models/drafter","num_speculative_tokens":15,'
         '"ddtree_budget":32}\' \\',
         " --reasoning-parser qwen3 \\",
-        " --max-num-batched-tokens 8192",
+        " --enforce-eager",
     ]
 
 
 def test_dflash_ignores_a_ddtree_budget_and_forced_prefix_caching(dirs):
     lines = render(dirs, "hybrid", "-e", "service_swap_ddtree_budget=32", "-e", '{"service_swap_prefix_caching": true}')
     assert (
-        lines[7]
+        lines[9]
         == ' --speculative-config \'{"method":"dflash","model":"/opt/models/drafter","num_speculative_tokens":15}\' \\'
     )
-    assert lines[8] == " --enable-prefix-caching"
+    assert lines[10] == " --enable-prefix-caching"
 
 
 def test_systemd_specifiers_and_spaces_are_escaped(dirs):
@@ -145,6 +149,47 @@ def test_preflight_refuses_inconsistent_settings(dirs, extra, message):
     assert res.returncode == 2
     assert "service_swap settings are inconsistent" in res.stdout
     assert message in res.stdout
+
+
+def test_preflight_refuses_a_ddtree_budget_below_the_depth(dirs):
+    play = dirs["tmp"] / "preflight.yml"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: preflight.yml}\n"
+    )
+    res = ansible(dirs["tmp"], str(play), "-e", "service_swap_spec_method=ddtree", "-e", "service_swap_ddtree_budget=8")
+    assert res.returncode == 2
+    assert "a DDTree budget is at least num_speculative_tokens (the tree's depth)" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        # vLLM 0.20.1's serve defaults on a 70 GB GPU with a 15-token chain: 1024 x 14 > 8192.
+        (
+            ["-e", "service_swap_max_num_seqs=1024", "-e", "service_swap_max_num_batched_tokens=8192"],
+            "reserves 14 batched-token slots per sequence for dflash drafting, so service_swap_max_num_seqs (1024) x"
+            " 14 = 14336 must stay below service_swap_max_num_batched_tokens (8192). Raise"
+            " service_swap_max_num_batched_tokens above 14336",
+        ),
+        # The defaults (32 sequences, 16384 tokens) with a DDTree budget of 1024 nodes.
+        (
+            ["-e", "service_swap_spec_method=ddtree", "-e", "service_swap_ddtree_budget=1024"],
+            "reserves 1023 batched-token slots per sequence for ddtree drafting, so service_swap_max_num_seqs (32) x"
+            " 1023 = 32736 must stay below service_swap_max_num_batched_tokens (16384).",
+        ),
+    ],
+)
+def test_preflight_refuses_scheduler_limits_vllm_would_refuse(dirs, extra, message):
+    play = dirs["tmp"] / "preflight.yml"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: preflight.yml}\n"
+    )
+    res = ansible(dirs["tmp"], str(play), *extra)
+    assert res.returncode == 2
+    assert "vLLM would refuse to start" in res.stdout
+    assert message in " ".join(res.stdout.split())
 
 
 def test_preflight_names_every_missing_file_after_valid_settings(dirs):
