@@ -6,13 +6,18 @@ Sub-commands:
   apply SITE_PACKAGES     apply the change set (roles/ddtree_patch/files) to the vLLM installed in
                           SITE_PACKAGES with module_utils/vllm_changeset (the vllm_patch module's
                           engine); re-apply must change nothing. Prints a JSON report.
-  make-models DIR         tiny random models (bf16): target/ (pure-attention Qwen3, 8 layers, vocab 64)
-                          and drafter/ (DFlash, 2 layers, taps target layers [1, 5]); the drafter's
-                          config.json comes from module_utils/dflash_drafter.generate when importable.
+  make-models DIR         tiny random models (bf16): target/ (pure-attention Qwen3, 8 layers, vocab 64,
+                          with a word-level tokenizer for `vllm serve`) and drafter/ (DFlash, 2 layers,
+                          taps target layers [1, 5]; config.json from module_utils/dflash_drafter), and
+                          prompts.json: per prompt length, the candidate whose greedy path keeps the
+                          clearest top-1/top-2 gap (see greedy_margins: identity needs no near-ties).
   gen --result FILE ...   one vllm.LLM instance: batch-1 runs (one prompt at a time), then the
                           batch-4 run; writes token ids, spec-decode counters and timings.
-  driver MODELS OUT       every run of the proof, then OUT/summary.json (lossless checks, mean
-                          acceptance lengths, tokens/s).
+  driver MODELS OUT       every run of the proof (identity in bf16 and fp16, sampled, CUDA-graph speed),
+                          then OUT/summary.json (lossless checks, mean acceptance lengths, tokens/s).
+
+The tree build + walk benchmark is benchmarks/ddtree_tree_bench.py; the service_swap unit's GPU
+check is tests/gpu/serve_check.py.
 
 How the drafter agrees "often but not always" (a weakened forced-acceptance construction): every
 token embedding shares one component, so the random target emits a context-dependent mix of a few
@@ -53,11 +58,72 @@ DRAFTER_SHARPNESS = 60.0
 DEPTH = 7  # DFlash block 8: num_speculative_tokens for the chain and the DDTree depth
 
 
-def prompts() -> list[list[int]]:
+GEN_TOKENS = 64  # greedy tokens per prompt in the identity runs
+CANDIDATES = 64  # prompts drawn per length; the proof keeps the one with the clearest greedy path
+
+
+def candidate_prompts() -> list[list[int]]:
+    """Random prompts of lengths 5, 12, 23 and 40 (the first of each length is the old fixed set)."""
     import random
 
     r = random.Random(1234)
-    return [[r.randrange(2, MASK_TOKEN_ID) for _ in range(n)] for n in (5, 12, 23, 40)]
+    first = [[r.randrange(2, MASK_TOKEN_ID) for _ in range(n)] for n in (5, 12, 23, 40)]
+    more = [[r.randrange(2, MASK_TOKEN_ID) for _ in range(n)] for _ in range(CANDIDATES - 1) for n in (5, 12, 23, 40)]
+    return first + more
+
+
+def prompts(models: str | None = None) -> list[list[int]]:
+    """The proof's prompts: those make-models chose (prompts.json beside target/), else the first four."""
+    if models and os.path.exists(os.path.join(models, "prompts.json")):
+        with open(os.path.join(models, "prompts.json")) as f:
+            return json.load(f)["prompts"]
+    return candidate_prompts()[:4]
+
+
+def greedy_margins(model, batch: list[list[int]], steps: int):
+    """Greedy continuation of equal-length prompts, and the top-1 minus top-2 logit gap at every step.
+
+    Token-for-token identity between two kernels is only well defined where the target's choice is
+    clear: at a near-tie (a gap of a few thousandths in a random bf16 model) two correct attention
+    kernels may round to different tokens. The proof therefore runs on prompts whose whole greedy
+    path keeps a clear gap, and records the smallest gap of each.
+    """
+    import torch
+
+    dev = next(model.parameters()).device
+    ids = torch.tensor(batch, device=dev)
+    toks, gaps = [], []
+    with torch.no_grad():
+        out = model(ids, use_cache=True)
+        for _ in range(steps):
+            logits = out.logits[:, -1].float()
+            top = logits.topk(2, dim=-1).values
+            gaps.append(top[:, 0] - top[:, 1])
+            nxt = logits.argmax(-1, keepdim=True)
+            toks.append(nxt)
+            out = model(nxt, past_key_values=out.past_key_values, use_cache=True)
+    return torch.cat(toks, 1).tolist(), torch.stack(gaps, 1).tolist()
+
+
+def choose_prompts(model) -> tuple[list[list[int]], list[dict]]:
+    """Per prompt length, the candidate whose greedy path has the largest smallest gap."""
+    cands = candidate_prompts()
+    chosen, report = [], []
+    for n in sorted({len(p) for p in cands}):
+        group = [p for p in cands if len(p) == n]
+        _tokens, gaps = greedy_margins(model, group, GEN_TOKENS)
+        best = max(range(len(group)), key=lambda i: min(gaps[i]))
+        first = min(gaps[0])
+        chosen.append(group[best])
+        report.append(
+            {
+                "length": n,
+                "chosen_min_gap": round(min(gaps[best]), 5),
+                "old_fixed_prompt_min_gap": round(first, 5),
+                "candidates_min_gap_quartiles": [round(sorted(min(g) for g in gaps)[q], 5) for q in (15, 31, 47)],
+            }
+        )
+    return chosen, report
 
 
 # ---------------------------------------------------------------------------
@@ -159,10 +225,12 @@ def cmd_make_models(root: str) -> int:
         # context-dependent mix of a few tokens instead of repeating one token per prompt.
         target.model.embed_tokens.weight.add_(e)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    target = target.to(dev).eval()
+    # Computed in float32 on the bf16-rounded weights: those are the weights vLLM loads.
+    target = target.to(torch.bfloat16).float().to(dev).eval()
+    chosen, choice_report = choose_prompts(target)
     finals, emitted = [], []
     with torch.no_grad():
-        for p in prompts():
+        for p in chosen:
             ids = torch.tensor([p], device=dev)
             for _ in range(48):
                 u = target.model(ids).last_hidden_state[0, -1]  # after the final norm
@@ -179,8 +247,13 @@ def cmd_make_models(root: str) -> int:
         drafter_like = (16.0 * DRAFTER_SHARPNESS * target.lm_head.weight @ mean_dir).float()
         top_v, top_i = drafter_like.topk(5)
     counts = {t: emitted.count(t) for t in sorted(set(emitted))}
+    target = target.to(torch.bfloat16).float()  # the mask embedding as vLLM will load it
+    final_gaps = [min(greedy_margins(target, [p], GEN_TOKENS)[1][0]) for p in chosen]
     target = target.to("cpu").to(torch.bfloat16)
     target.save_pretrained(os.path.join(root, "target"), safe_serialization=True)
+    write_tokenizer(os.path.join(root, "target"))
+    with open(os.path.join(root, "prompts.json"), "w") as f:
+        json.dump({"prompts": chosen, "min_gap_fp32": [round(x, 5) for x in final_gaps]}, f)
 
     torch.manual_seed(SEED + 1)
     dcfg = Qwen3Config(num_hidden_layers=LAYERS_DRAFT, **common)
@@ -205,6 +278,8 @@ def cmd_make_models(root: str) -> int:
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
     info = {
+        "prompt_choice": choice_report,
+        "chosen_prompts_min_gap_fp32": [round(x, 5) for x in final_gaps],
         "target_greedy_token_counts_hf_fp32": counts,
         "drafter_like_top5": {"tokens": top_i.tolist(), "logits": [round(float(v), 3) for v in top_v]},
         "drafter_config_source": source,
@@ -214,6 +289,29 @@ def cmd_make_models(root: str) -> int:
         json.dump(info, f, indent=1)
     print(json.dumps(info, indent=1)[:3000])
     return 0
+
+
+def write_tokenizer(target: str) -> None:
+    """A word-level tokenizer over the tiny vocabulary, so `vllm serve` can take text prompts.
+
+    Ids 0, 1, 2 are <s>, </s>, <unk>; id i > 2 is the word ``w<i>``. Any other word maps to <unk>.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<s>": 0, "</s>": 1, "<unk>": 2} | {f"w{i}": i for i in range(3, VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(os.path.join(target, "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "pad_token": "<s>",
+        "model_max_length": MAX_POS,
+    }
+    with open(os.path.join(target, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=1)
 
 
 # ---------------------------------------------------------------------------
@@ -264,7 +362,7 @@ def cmd_gen(a: argparse.Namespace) -> int:
         max_model_len=2048,
         max_num_seqs=8,
         max_num_batched_tokens=2048,
-        dtype="bfloat16",
+        dtype={"bf16": "bfloat16", "fp16": "float16"}[a.dtype],
         seed=SEED,
         disable_log_stats=False,
         kv_cache_memory_bytes=2 << 30,
@@ -293,7 +391,7 @@ def cmd_gen(a: argparse.Namespace) -> int:
         )
     else:
         sp = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True, detokenize=False)
-    ps = [TokensPrompt(prompt_token_ids=p) for p in prompts()]
+    ps = [TokensPrompt(prompt_token_ids=p) for p in prompts(os.path.dirname(a.model.rstrip("/")))]
     # warm-up (not counted)
     llm.generate(ps[:1], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, detokenize=False))
     m0 = _metrics(llm)
@@ -329,108 +427,27 @@ def cmd_gen(a: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------
-def _heap_reference(logits, budget: int):
-    """Reference-style step: top-k on the device, then the paper's best-first heap on the host."""
-    import heapq
-
-    import torch
-
-    depth, vocab = logits.shape
-    k = min(budget, vocab)
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    vals, ids = torch.topk(logp, k, dim=-1)
-    vals, ids = vals.cpu().tolist(), ids.cpu().tolist()  # the host round trip
-    heap = [(-vals[0][0], 0, -1, 0)]  # (-score, depth index, parent node, rank)
-    tokens, parents, depths = [], [], []
-    while heap and len(tokens) < budget:
-        neg, d, parent, r = heapq.heappop(heap)
-        node = len(tokens)
-        tokens.append(ids[d][r])
-        parents.append(parent)
-        depths.append(d + 1)
-        parent_score = -neg - vals[d][r]
-        if r + 1 < k:
-            heapq.heappush(heap, (-(parent_score + vals[d][r + 1]), d, parent, r + 1))
-        if d + 1 < depth:
-            heapq.heappush(heap, (neg - vals[d + 1][0], d + 1, node, 0))
-    return tokens, parents, depths
-
-
-def _heap_walk(tokens, parents, target):
-    children = [{} for _ in range(len(tokens) + 1)]
-    for i, (t, p) in enumerate(zip(tokens, parents, strict=False)):
-        children[p + 1][t] = i + 1
-    node, accepted = 0, []
-    while target[node] in children[node]:
-        node = children[node][target[node]]
-        accepted.append(node - 1)
-    return accepted, target[node]
-
-
-def cmd_bench_tree(out: str | None) -> int:
-    import torch
-
-    sys.path.insert(0, str(REPO / "roles" / "ddtree_patch" / "files" / "common"))
-    from ddtree_tree import build_trees, walk_trees
-
-    dev = "cuda"
-    vocab, block = 248320, 16
-    depth = block - 1
-    g = torch.Generator(device=dev).manual_seed(0)
-    logits = torch.randn(1, depth, vocab, device=dev, generator=g, dtype=torch.bfloat16) * 4
-    rows = {}
-    for budget in (16, 64, 256):
-        target = torch.randint(0, vocab, (1, budget + 1), device=dev, generator=g)
-        for _ in range(5):
-            tree = build_trees(logits, budget)
-            walk_trees(tree, target)
-        torch.cuda.synchronize()
-        reps = 50
-        t = time.perf_counter()
-        for _ in range(reps):
-            tree = build_trees(logits, budget)
-            w = walk_trees(tree, target)
-            w.num_accepted.sum().item()  # what a step needs on the host
-        torch.cuda.synchronize()
-        ours = (time.perf_counter() - t) / reps
-        tgt_cpu = target[0].tolist()
-        t = time.perf_counter()
-        for _ in range(10):
-            tokens, parents, _depths = _heap_reference(logits[0], budget)
-            _heap_walk(tokens, parents, tgt_cpu)
-        ref = (time.perf_counter() - t) / 10
-        same = tree.tokens[0].tolist() == tokens
-        rows[budget] = {
-            "ours_ms": round(ours * 1e3, 3),
-            "reference_ms": round(ref * 1e3, 3),
-            "ratio": round(ours / ref, 4),
-            "same_tree_tokens": same,
-        }
-    res = {"vocab": vocab, "block_size": block, "device": torch.cuda.get_device_name(), "per_step": rows}
-    print(json.dumps(res, indent=1))
-    if out:
-        with open(os.path.join(out, "bench_tree.json"), "w") as f:
-            json.dump(res, f, indent=1)
-    return 0
-
-
-# ---------------------------------------------------------------------------
+IDENTITY = {
+    "target_fa": [],
+    "target_tree_attn": ["--backend", "TREE_ATTN"],
+    "chain_k7": ["--method", "dflash"],
+    "ddtree_b7": ["--method", "ddtree", "--budget", "7"],
+    "ddtree_b16": ["--method", "ddtree", "--budget", "16"],
+    "ddtree_b48": ["--method", "ddtree", "--budget", "48"],
+}
 RUNS = {
-    # name: (args, wave)
-    "target_fa": (["--max-tokens", "64"], 0),
-    "target_tree_attn": (["--max-tokens", "64", "--backend", "TREE_ATTN"], 0),
-    "chain_k7": (["--method", "dflash", "--max-tokens", "64"], 0),
-    "ddtree_b7": (["--method", "ddtree", "--budget", "7", "--max-tokens", "64"], 1),
-    "ddtree_b16": (["--method", "ddtree", "--budget", "16", "--max-tokens", "64"], 1),
-    "ddtree_b48": (["--method", "ddtree", "--budget", "48", "--max-tokens", "64"], 1),
-    "ddtree_sampled_b16": (
-        ["--method", "ddtree", "--budget", "16", "--max-tokens", "64", "--temperature", "0.8"],
-        2,
-    ),
-    "chain_sampled": (["--method", "dflash", "--max-tokens", "64", "--temperature", "0.8"], 2),
-    "perf_target": (["--max-tokens", "256", "--graphs"], 3),
-    "perf_chain_k7": (["--method", "dflash", "--max-tokens", "256", "--graphs"], 4),
-    "perf_ddtree_b16": (["--method", "ddtree", "--budget", "16", "--max-tokens", "256", "--graphs"], 5),
+    # name: (args, wave). The identity runs in bf16 and in fp16 (3 more mantissa bits: kernel
+    # rounding differences are 8x smaller), then sampled runs, then the speed runs one at a time.
+    **{
+        f"{n}_{dt}": ([*a, "--max-tokens", str(GEN_TOKENS), "--dtype", dt], 0)
+        for dt in ("bf16", "fp16")
+        for n, a in IDENTITY.items()
+    },
+    "ddtree_sampled_b16": (["--method", "ddtree", "--budget", "16", "--max-tokens", "64", "--temperature", "0.8"], 0),
+    "chain_sampled": (["--method", "dflash", "--max-tokens", "64", "--temperature", "0.8"], 0),
+    "perf_target": (["--max-tokens", "256", "--graphs"], 1),
+    "perf_chain_k7": (["--method", "dflash", "--max-tokens", "256", "--graphs"], 2),
+    "perf_ddtree_b16": (["--method", "ddtree", "--budget", "16", "--max-tokens", "256", "--graphs"], 3),
 }
 
 
@@ -489,15 +506,14 @@ def cmd_driver(models: str, out: str, only: list[str] | None, budget_s: float, o
     summary: dict = {"runs": {}, "lossless": {}, "acceptance": {}, "tokens_per_s": {}}
     for name, r in results.items():
         summary["runs"][name] = {k: v for k, v in r.items() if k not in ("batch1", "batch4")}
-    fa, ta = results.get("target_fa", {}), results.get("target_tree_attn", {})
-    if "batch4" in fa and "batch4" in ta:
-        summary["lossless"]["target_tree_attn_vs_target_fa"] = compare(fa, ta)
-    for name in ("chain_k7", "ddtree_b7", "ddtree_b16", "ddtree_b48"):
-        r = results.get(name, {})
-        if "batch4" in r and "batch4" in fa:
-            summary["lossless"][f"{name}_vs_target_fa"] = compare(fa, r)
-        if "batch4" in r and "batch4" in ta:
-            summary["lossless"][f"{name}_vs_target_tree_attn"] = compare(ta, r)
+    for dt in ("bf16", "fp16"):
+        fa, ta = results.get(f"target_fa_{dt}", {}), results.get(f"target_tree_attn_{dt}", {})
+        for name in IDENTITY:
+            r = results.get(f"{name}_{dt}", {})
+            if name != "target_fa" and "batch4" in r and "batch4" in fa:
+                summary["lossless"][f"{name}_{dt}_vs_target_fa_{dt}"] = compare(fa, r)
+            if name.startswith("ddtree") and "batch4" in r and "batch4" in ta:
+                summary["lossless"][f"{name}_{dt}_vs_target_tree_attn_{dt}"] = compare(ta, r)
     for name, r in results.items():
         if "mean_acceptance_length_batch4" in r:
             summary["acceptance"][name] = {
@@ -541,8 +557,7 @@ def main() -> int:
     s.add_argument("--max-tokens", type=int, default=64)
     s.add_argument("--temperature", type=float, default=0.0)
     s.add_argument("--graphs", action="store_true")
-    s = sub.add_parser("bench-tree")
-    s.add_argument("--out")
+    s.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     s = sub.add_parser("driver")
     s.add_argument("models")
     s.add_argument("out")
@@ -557,8 +572,6 @@ def main() -> int:
             return cmd_make_models(a.dir)
         if a.cmd == "gen":
             return cmd_gen(a)
-        if a.cmd == "bench-tree":
-            return cmd_bench_tree(a.out)
         return cmd_driver(a.models, a.out, a.only, a.budget_s, a.one_wave)
     except Exception:
         traceback.print_exc()

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Start real `vllm serve` from a unit file service_swap rendered, and probe it as the role does.
+
+Needs an NVIDIA GPU, the vLLM the unit names, and ansible-core importable by this Python (the
+probe is the project's own openai_probe module, run in-process exactly as Ansible runs it).
+
+    ansible-playbook tests/gpu/render_unit.yml -e render_dest=/tmp/vllm.service ...   # see that file
+    python3 tests/gpu/serve_check.py --unit /tmp/vllm.service --api-key KEY --out /tmp/out
+
+What it does, in the order service_swap does it on a node:
+  1. reads ExecStart and Environment= from the unit (systemd's quoting and %/$ escapes undone);
+     ExecStart is run exactly, as the current user (systemd's User=, sandboxing and EnvironmentFile
+     are the lab's to prove: tests/molecule/service_swap checks them as systemd reports them). The
+     API key reaches vLLM as the EnvironmentFile gives it: the VLLM_API_KEY variable.
+  2. waits for /health 200, printing progress, failing early if the process exits;
+  3. runs openai_probe with requests=N: one real completion must come back non-empty, and the mean
+     acceptance length is computed from the /metrics spec-decode counters over those requests;
+  4. checks that /v1/models refuses a request without the key;
+  5. stops the server and writes OUT/serve_check.json (plus OUT/vllm_serve.log).
+Exits 0 only if every check holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def unit_values(text: str, key: str) -> list[str]:
+    """Values of ``key=`` lines in a unit file, continuation lines (trailing backslash) joined."""
+    joined = text.replace("\\\n", " ")
+    return [line.split("=", 1)[1] for line in joined.splitlines() if line.startswith(key + "=")]
+
+
+def split_command(value: str) -> list[str]:
+    """Split a systemd command line: words, '...' or "..." with backslash escapes, %% and $$ undone."""
+    words: list[str] = []
+    i, n = 0, len(value)
+    while i < n:
+        if value[i].isspace():
+            i += 1
+            continue
+        word = []
+        while i < n and not value[i].isspace():
+            c = value[i]
+            if c in "'\"":
+                i += 1
+                while i < n and value[i] != c:
+                    if value[i] == "\\" and i + 1 < n:
+                        i += 1
+                    word.append(value[i])
+                    i += 1
+                if i >= n:
+                    raise ValueError(f"unterminated quote in: {value}")
+                i += 1
+            else:
+                word.append(c)
+                i += 1
+        words.append("".join(word).replace("%%", "%").replace("$$", "$"))
+    return words
+
+
+def make_launcher(path: str) -> None:
+    """An executable at the path ExecStart names that runs vLLM's CLI with this Python."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        # What pip writes for vLLM's console script; the __main__ guard matters: vLLM starts its
+        # engine core with multiprocessing's spawn, which re-imports this file.
+        f.write(
+            f"#!{sys.executable}\nimport sys\nfrom vllm.entrypoints.cli.main import main\n"
+            "if __name__ == '__main__':\n    sys.exit(main())\n"
+        )
+    os.chmod(path, 0o755)
+
+
+def http_status(url: str, headers: dict | None = None, timeout: float = 5) -> int | None:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def run_probe(args: dict) -> dict:
+    """library/openai_probe.py run in-process, the way Ansible runs it on a node."""
+    import ansible.module_utils
+    from ansible.module_utils.testing import patch_module_args
+
+    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+    sys.path.insert(0, str(REPO / "library"))
+    import openai_probe
+
+    out = io.StringIO()
+    with patch_module_args(args), contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        openai_probe.main()
+    return json.loads(out.getvalue())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--unit", required=True, help="unit file rendered by service_swap")
+    ap.add_argument("--api-key", required=True, help="what the unit's EnvironmentFile gives as VLLM_API_KEY")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--requests", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=420, help="seconds to wait for /health")
+    ap.add_argument("--make-launcher", action="store_true", help="create ExecStart's executable (no venv here)")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    text = Path(a.unit).read_text()
+    (exec_start,) = unit_values(text, "ExecStart")
+    argv = split_command(exec_start)
+    env = dict(os.environ)
+    for value in unit_values(text, "Environment"):
+        for item in split_command(value):
+            k, _, v = item.partition("=")
+            env[k] = v
+    env["VLLM_API_KEY"] = a.api_key
+    # What the role creates on a node: the service home (WorkingDirectory, HOME, the caches).
+    for d in [*unit_values(text, "WorkingDirectory"), env.get("HOME", ""), env.get("XDG_CACHE_HOME", "")]:
+        if d:
+            os.makedirs(d, exist_ok=True)
+    if a.make_launcher:
+        make_launcher(argv[0])
+    result: dict = {"unit": a.unit, "argv": argv, "env_from_unit": unit_values(text, "Environment")}
+    log = open(os.path.join(a.out, "vllm_serve.log"), "w")  # noqa: SIM115 - closed in finally
+    t0 = time.time()
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        status = None
+        while time.time() - t0 < a.timeout:
+            status = http_status(a.url + "/health")
+            if status == 200 or proc.poll() is not None:
+                break
+            print(f"waiting for /health: {time.time() - t0:.0f} s, status {status}", flush=True)
+            time.sleep(3)
+        result["health_status"] = status
+        result["seconds_to_healthy"] = round(time.time() - t0, 1) if status == 200 else None
+        result["exit_code_before_healthy"] = proc.poll()
+        if status == 200:
+            probe_args = {"url": a.url, "api_key": a.api_key, "requests": a.requests, "max_tokens": 64}
+            result["probe"] = run_probe(probe_args)
+            result["models_without_key_status"] = http_status(a.url + "/v1/models")
+            result["models_with_key_status"] = http_status(
+                a.url + "/v1/models", {"Authorization": f"Bearer {a.api_key}"}
+            )
+            with urllib.request.urlopen(a.url + "/metrics", timeout=10) as r:
+                metrics = r.read().decode()
+            result["metrics_spec_decode_lines"] = [
+                ln for ln in metrics.splitlines() if ln.startswith("vllm:spec_decode") and not ln.startswith("#")
+            ]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    probe = result.get("probe", {})
+    checks = {
+        "healthy": result.get("health_status") == 200,
+        "completion_non_empty": probe.get("completions", 0) >= 1 and bool(probe.get("completion_text")),
+        "mean_acceptance_length_computed": probe.get("mean_acceptance_length") is not None,
+        "key_required": result.get("models_without_key_status") == 401 and result.get("models_with_key_status") == 200,
+        "spec_decode_counters_exposed": any(
+            ln.startswith("vllm:spec_decode_num_drafts") for ln in result.get("metrics_spec_decode_lines", [])
+        ),
+    }
+    result["checks"] = checks
+    result["ok"] = all(checks.values())
+    if a.api_key in json.dumps(result):
+        raise SystemExit("the API key leaked into the result; refusing to write it")
+    with open(os.path.join(a.out, "serve_check.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps({k: v for k, v in result.items() if k != "metrics_spec_decode_lines"}, indent=1)[:6000])
+    if not result["ok"]:
+        print(Path(log.name).read_text()[-4000:])
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
