@@ -16,15 +16,21 @@ PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 
 def ansible(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     # Only localhost: the repository's default inventory (the lab's group_vars) must not leak in.
+    # An inventory file, not ANSIBLE_INVENTORY="localhost,": that is a path list whose empty second
+    # item is the working directory, which Ansible then walks, running every executable in the
+    # repository as an inventory script with --list.
+    inventory = tmp_path / "localhost.ini"
+    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
     env = dict(
         os.environ,
         ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_INVENTORY="localhost,",
         ANSIBLE_INJECT_FACT_VARS="False",
         DFLASH_REPORT_DIR=str(tmp_path / "reports"),
         TMPDIR=str(tmp_path),
     )
-    return subprocess.run([PLAYBOOK, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [PLAYBOOK, "-i", str(inventory), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.fixture
