@@ -6,6 +6,7 @@ Needs root and LXC (tests/lab/host-deps.sh); these are the faults an operator me
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -32,7 +33,7 @@ def bridges() -> str:
 
 @pytest.fixture
 def lab(tmp_path: Path):
-    name = "pt-lab"
+    name = f"pt{os.getpid()}"  # one per test process: two runs on one machine never share a lab
     labctl("down", "--lab", name)
     yield name, tmp_path / "inv"
     labctl("down", "--lab", name)
