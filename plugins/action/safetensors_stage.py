@@ -33,6 +33,7 @@ for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(_HERE.parent.parent / "modu
 from ansible.module_utils.model_stage import (
     INDEX_NAME,
     SIDECAR_NAME,
+    SWAP_PREFIX,
     TEMP_PREFIX,
     DestFile,
     SourceFile,
@@ -257,8 +258,11 @@ class ActionModule(ActionBase):
 
     def _quick_check(self, args: dict[str, Any], files: list[dict[str, Any]]) -> dict[str, Any] | None:
         dest = str(args["dest"]).rstrip("/") or "/"
+        # A staging directory left beside dest by an interrupted replacement: the module plan removes it.
+        swap = f'"$(dirname -- "$r")/{SWAP_PREFIX}$(basename -- "$r")'
+        absent = f'r=$(readlink -f -- {shlex.quote(dest)}) && test ! -e {swap}" && test ! -e {swap}.probe"'
         cmd = (
-            f"find {shlex.quote(dest)} -maxdepth 1 -printf '%P|%s|%T@|%u|%g|%m|%y\\n'"
+            f"{absent} && find {shlex.quote(dest)} -maxdepth 1 -printf '%P|%s|%T@|%u|%g|%m|%y\\n'"
             f" && echo {_MARK} && cat {shlex.quote(dest + '/' + SIDECAR_NAME)}"
         )
         try:
