@@ -55,7 +55,7 @@ PLAY = """
         __t1: "{{{{ now().timestamp() }}}}"
     - name: Report
       ansible.builtin.debug:
-        msg: "TIMING {{{{ __t1 | float - __t0 | float }}}} CHANGED {{{{ __r.changed }}}}"
+        msg: "TIMING {{{{ __t1 | float - __t0 | float }}}} CHANGED {{{{ __r.changed }}}} PHASES {{{{ __r.timings | default({{}}) | to_json }}}}"
 """
 
 STAGE_TASK = """      safetensors_stage:
@@ -93,7 +93,7 @@ def write_source(path: Path, size: int) -> None:
             i += 1
 
 
-def run_play(inv: Path, task: str, workdir: Path, env: dict[str, str]) -> tuple[float, float, bool]:
+def run_play(inv: Path, task: str, workdir: Path, env: dict[str, str]) -> tuple[float, float, bool, dict[str, float]]:
     play = workdir / "play.yml"
     play.write_text(PLAY.format(task=task))
     t = time.monotonic()
@@ -106,10 +106,10 @@ def run_play(inv: Path, task: str, workdir: Path, env: dict[str, str]) -> tuple[
         check=False,
     )
     wall = time.monotonic() - t
-    m = re.search(r"TIMING ([0-9.]+) CHANGED (True|False)", res.stdout)
+    m = re.search(r"TIMING ([0-9.]+) CHANGED (True|False) PHASES (\{[^}]*\})", res.stdout)
     if res.returncode != 0 or not m:
         sys.exit(f"playbook failed:\n{res.stdout[-3000:]}\n{res.stderr[-2000:]}")
-    return float(m.group(1)), wall, m.group(2) == "True"
+    return float(m.group(1)), wall, m.group(2) == "True", json.loads(m.group(3))
 
 
 def main(argv: list[str]) -> int:
@@ -193,19 +193,19 @@ def main(argv: list[str]) -> int:
         stage = STAGE_TASK.format(src=src, dest="/opt/bench/stage", cache=work / f"cache-{rep}", sha256=digest)
         if rep % 2 == 0:  # alternate which goes first, so a load change does not favour one side
             plain_rsync()
-        t1, wall, changed = run_play(inv, stage, work, env)
+        t1, wall, changed, phases = run_play(inv, stage, work, env)
         assert changed, "first staging reported no change"
         node("sync")
         if rep % 2 == 1:
             plain_rsync()
         rows["stage1"].append(t1)
         rows["stage1_wall"].append(wall)
-        t2, _, changed = run_play(inv, stage, work, env)
+        t2, _, changed, _ = run_play(inv, stage, work, env)
         assert not changed, "re-run reported a change"
         rows["stage_rerun"].append(t2)
         copy = COPY_TASK.format(src=src, dest="/opt/bench/copy")
         run_play(inv, copy, work, env)  # first copy: puts the file there
-        t3, _, changed = run_play(inv, copy, work, env)
+        t3, _, changed, _ = run_play(inv, copy, work, env)
         assert not changed, "copy re-run reported a change"
         rows["copy_rerun"].append(t3)
         ratios["first"].append(rows["rsync"][-1] / t1)
@@ -213,9 +213,11 @@ def main(argv: list[str]) -> int:
         print(
             f"rep {rep + 1}: rsync {rows['rsync'][-1]:.2f}s, stage first {t1:.2f}s (wall {wall:.2f}s),"
             f" stage re-run {t2:.3f}s, copy re-run {t3:.2f}s;"
-            f" throughput ratio {ratios['first'][-1]:.2f}, re-run ratio {ratios['rerun'][-1]:.3f}",
+            f" throughput ratio {ratios['first'][-1]:.2f}, re-run ratio {ratios['rerun'][-1]:.3f};"
+            f" load average {os.getloadavg()[0]:.1f}",
             flush=True,
         )
+        print(f"  stage phases (s, from the task's result): {json.dumps(phases)}", flush=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
     gb = size / 1e9
     how = "expected SHA-256 given" if a.with_digest else "no expected SHA-256: the source is hashed too"

@@ -434,6 +434,7 @@ def copy_local(module: AnsibleModule) -> dict[str, Any]:
 
 
 FOLLOW_STALL_SECONDS = 15.0
+FOLLOW_NICE = 10
 
 
 def _follow_one(path: str, size: int, stall: float) -> str | None:
@@ -474,6 +475,9 @@ def _follow_one(path: str, size: int, stall: float) -> str | None:
 def follow(module: AnsibleModule) -> dict[str, Any]:
     """Hash the temporary files while rsync writes them, in transfer order (overlaps the two)."""
     prehashed = {}
+    # rsync's receiver is the critical path; hashing keeps up with it on spare CPU.
+    with contextlib.suppress(OSError):
+        os.nice(FOLLOW_NICE)
     for f in module.params["files"] or []:
         prehashed[f["name"]] = _follow_one(f["temp"], int(f["size"]), float(f.get("stall", FOLLOW_STALL_SECONDS)))
     return {"changed": False, "prehashed": prehashed}

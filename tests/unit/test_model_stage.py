@@ -439,7 +439,8 @@ def test_follow_hashes_a_finished_file_and_gives_up_on_a_stalled_one(src, tmp_pa
     assert safetensors_stage._follow_one(str(tmp_path / "never"), 10, 0.2) is None
 
 
-def test_commit_trusts_a_digest_taken_during_transfer_only_when_it_is_right(src, tmp_path, capsys):
+def test_commit_trusts_a_digest_taken_during_transfer_only_when_it_is_right(src, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(safetensors_stage, "FOLLOW_NICE", 0)  # the step lowers its own priority: not pytest's
     dest = tmp_path / "dest"
     args = {**base(src, dest), "files": [manifest(src)]}
     planned = call({**args, "step": "plan"}, capsys)
