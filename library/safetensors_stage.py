@@ -175,6 +175,22 @@ bytes_transferred:
   returned: success
   type: int
   sample: 3460012345
+swapped:
+  description:
+    - True when several files changed and the new set was swapped in as one directory
+      (renameat2 RENAME_EXCHANGE with a staging directory beside I(dest)); false for one rename.
+  returned: success, when something was committed
+  type: bool
+  sample: true
+timings:
+  description:
+    - Seconds per phase of a controller-side staging. C(check) (source headers and the quick
+      check), C(plan) and C(commit) are module calls; C(transfer) (rsync done), C(follow) (the
+      node's digest done) and C(hashed) (rsync and the controller's digest both done) count from
+      the end of the plan.
+  returned: success, when a controller source was transferred
+  type: dict
+  sample: {"check": 0.21, "plan": 0.93, "transfer": 58.1, "follow": 58.3, "hashed": 58.3, "commit": 0.88}
 """
 
 ARGUMENT_SPEC: dict[str, Any] = {

@@ -202,6 +202,7 @@ class ActionModule(ActionBase):
         if done:
             result["files"] = done.get("files", {})
             result["reread"] = done.get("reread", [])
+            result["swapped"] = bool(done.get("swapped"))
         if result["changed"]:
             result["diff"] = planned["diff"]
         return result
