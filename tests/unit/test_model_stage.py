@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import grp
 import json
 import os
 import pwd
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -742,3 +745,29 @@ def test_a_single_file_is_still_replaced_by_one_rename(src, tmp_path, capsys):
     _, second = stage({**base(src, dest), "files": [manifest(src)]}, capsys)
     assert (first["swapped"], second["swapped"]) == (False, False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dest", "src"]
+
+
+def test_a_waiting_run_locks_the_directory_swapped_in_meanwhile(tmp_path):
+    dest, other = tmp_path / "dest", tmp_path / "new"
+    dest.mkdir()
+    other.mkdir()
+    seen = []
+
+    def second_run():
+        with safetensors_stage._locked(str(dest)):
+            fd = os.open(dest, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                seen.append("not locked")
+            except BlockingIOError:
+                seen.append("locked")
+            finally:
+                os.close(fd)
+
+    with safetensors_stage._locked(str(dest)):
+        waiter = threading.Thread(target=second_run)
+        waiter.start()
+        time.sleep(0.3)  # the second run now waits on the directory that is about to be swapped out
+        exchange_paths(str(other), str(dest))
+    waiter.join(10)
+    assert seen == ["locked"]
