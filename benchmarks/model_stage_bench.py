@@ -55,7 +55,7 @@ PLAY = """
         __t1: "{{{{ now().timestamp() }}}}"
     - name: Report
       ansible.builtin.debug:
-        msg: "TIMING {{{{ __t1 | float - __t0 | float }}}} CHANGED {{{{ __r.changed }}}}"
+        msg: "TIMING {{{{ __t1 | float - __t0 | float }}}} CHANGED {{{{ __r.changed }}}} PHASES {{{{ __r.timings | default({{}}) | to_json }}}}"
 """
 
 STAGE_TASK = """      safetensors_stage:
@@ -93,7 +93,7 @@ def write_source(path: Path, size: int) -> None:
             i += 1
 
 
-def run_play(inv: Path, task: str, workdir: Path, env: dict[str, str]) -> tuple[float, float, bool]:
+def run_play(inv: Path, task: str, workdir: Path, env: dict[str, str]) -> tuple[float, float, bool, dict[str, float]]:
     play = workdir / "play.yml"
     play.write_text(PLAY.format(task=task))
     t = time.monotonic()
@@ -106,10 +106,10 @@ def run_play(inv: Path, task: str, workdir: Path, env: dict[str, str]) -> tuple[
         check=False,
     )
     wall = time.monotonic() - t
-    m = re.search(r"TIMING ([0-9.]+) CHANGED (True|False)", res.stdout)
+    m = re.search(r"TIMING ([0-9.]+) CHANGED (True|False) PHASES (\{[^}]*\})", res.stdout)
     if res.returncode != 0 or not m:
         sys.exit(f"playbook failed:\n{res.stdout[-3000:]}\n{res.stderr[-2000:]}")
-    return float(m.group(1)), wall, m.group(2) == "True"
+    return float(m.group(1)), wall, m.group(2) == "True", json.loads(m.group(3).replace('\\"', '"'))
 
 
 def main(argv: list[str]) -> int:
@@ -144,96 +144,101 @@ def main(argv: list[str]) -> int:
         ],
         check=True,
     )
-    hosts = yaml.safe_load((inv / "hosts.yml").read_text())["all"]["children"]["gpu_nodes"]
-    (name, hv), gv = next(iter(hosts["hosts"].items())), hosts["vars"]
-    ssh = ["ssh", "-i", gv["ansible_ssh_private_key_file"], *gv["ansible_ssh_common_args"].split()]
-    target = f"{gv['ansible_user']}@{hv['ansible_host']}"
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": f"{BIN}:{os.environ['PATH']}"}
-    src = work / "dflash-bench.safetensors"
-    if not src.exists() or src.stat().st_size != size:
-        print(f"writing a {size / 1e9:.2f} GB source file ...", flush=True)
-        write_source(src, size)
+    try:
+        hosts = yaml.safe_load((inv / "hosts.yml").read_text())["all"]["children"]["gpu_nodes"]
+        (name, hv), gv = next(iter(hosts["hosts"].items())), hosts["vars"]
+        ssh = ["ssh", "-i", gv["ansible_ssh_private_key_file"], *gv["ansible_ssh_common_args"].split()]
+        target = f"{gv['ansible_user']}@{hv['ansible_host']}"
+        env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": f"{BIN}:{os.environ['PATH']}"}
+        src = work / "dflash-bench.safetensors"
+        if not src.exists() or src.stat().st_size != size:
+            print(f"writing a {size / 1e9:.2f} GB source file ...", flush=True)
+            write_source(src, size)
 
-    def node(*cmd: str) -> None:
-        subprocess.run([*ssh, target, "sudo", *cmd], check=True)
+        def node(*cmd: str) -> None:
+            subprocess.run([*ssh, target, "sudo", *cmd], check=True)
 
-    digest = ""
-    if a.with_digest:
-        h = hashlib.sha256()
-        with open(src, "rb") as fh:
-            while chunk := fh.read(8 << 20):
-                h.update(chunk)
-        digest = h.hexdigest()
-    rows: dict[str, list[float]] = {k: [] for k in ("rsync", "stage1", "stage1_wall", "copy_rerun", "stage_rerun")}
-    ratios: dict[str, list[float]] = {"first": [], "rerun": []}
+        digest = ""
+        if a.with_digest:
+            h = hashlib.sha256()
+            with open(src, "rb") as fh:
+                while chunk := fh.read(8 << 20):
+                    h.update(chunk)
+            digest = h.hexdigest()
+        rows: dict[str, list[float]] = {k: [] for k in ("rsync", "stage1", "stage1_wall", "copy_rerun", "stage_rerun")}
+        ratios: dict[str, list[float]] = {"first": [], "rerun": []}
 
-    def plain_rsync() -> None:
-        t = time.monotonic()
-        subprocess.run(
-            [
-                "rsync",
-                "--times",
-                "-e",
-                " ".join(ssh),
-                "--rsync-path",
-                "sudo -n rsync",
-                str(src),
-                f"{target}:/opt/bench/rsync/model.safetensors",
-            ],
-            check=True,
-        )
-        rows["rsync"].append(time.monotonic() - t)
-        node("sync")
+        def plain_rsync() -> None:
+            t = time.monotonic()
+            subprocess.run(
+                [
+                    "rsync",
+                    "--times",
+                    "-e",
+                    " ".join(ssh),
+                    "--rsync-path",
+                    "sudo -n rsync",
+                    str(src),
+                    f"{target}:/opt/bench/rsync/model.safetensors",
+                ],
+                check=True,
+            )
+            rows["rsync"].append(time.monotonic() - t)
+            node("sync")
 
-    for rep in range(a.repeat):
-        node("rm", "-rf", "/opt/bench")
-        node("mkdir", "-p", "/opt/bench/rsync", "/opt/bench/copy")
-        node("sync")
-        # A fresh digest cache: every first run hashes the source on the controller too.
-        stage = STAGE_TASK.format(src=src, dest="/opt/bench/stage", cache=work / f"cache-{rep}", sha256=digest)
-        if rep % 2 == 0:  # alternate which goes first, so a load change does not favour one side
-            plain_rsync()
-        t1, wall, changed = run_play(inv, stage, work, env)
-        assert changed, "first staging reported no change"
-        node("sync")
-        if rep % 2 == 1:
-            plain_rsync()
-        rows["stage1"].append(t1)
-        rows["stage1_wall"].append(wall)
-        t2, _, changed = run_play(inv, stage, work, env)
-        assert not changed, "re-run reported a change"
-        rows["stage_rerun"].append(t2)
-        copy = COPY_TASK.format(src=src, dest="/opt/bench/copy")
-        run_play(inv, copy, work, env)  # first copy: puts the file there
-        t3, _, changed = run_play(inv, copy, work, env)
-        assert not changed, "copy re-run reported a change"
-        rows["copy_rerun"].append(t3)
-        ratios["first"].append(rows["rsync"][-1] / t1)
-        ratios["rerun"].append(t2 / t3)
+        for rep in range(a.repeat):
+            node("rm", "-rf", "/opt/bench")
+            node("mkdir", "-p", "/opt/bench/rsync", "/opt/bench/copy")
+            node("sync")
+            # A fresh digest cache: every first run hashes the source on the controller too.
+            stage = STAGE_TASK.format(src=src, dest="/opt/bench/stage", cache=work / f"cache-{rep}", sha256=digest)
+            if rep % 2 == 0:  # alternate which goes first, so a load change does not favour one side
+                plain_rsync()
+            t1, wall, changed, phases = run_play(inv, stage, work, env)
+            assert changed, "first staging reported no change"
+            node("sync")
+            if rep % 2 == 1:
+                plain_rsync()
+            rows["stage1"].append(t1)
+            rows["stage1_wall"].append(wall)
+            t2, _, changed, _ = run_play(inv, stage, work, env)
+            assert not changed, "re-run reported a change"
+            rows["stage_rerun"].append(t2)
+            copy = COPY_TASK.format(src=src, dest="/opt/bench/copy")
+            run_play(inv, copy, work, env)  # first copy: puts the file there
+            t3, _, changed, _ = run_play(inv, copy, work, env)
+            assert not changed, "copy re-run reported a change"
+            rows["copy_rerun"].append(t3)
+            ratios["first"].append(rows["rsync"][-1] / t1)
+            ratios["rerun"].append(t2 / t3)
+            print(
+                f"rep {rep + 1}: rsync {rows['rsync'][-1]:.2f}s, stage first {t1:.2f}s (wall {wall:.2f}s),"
+                f" stage re-run {t2:.3f}s, copy re-run {t3:.2f}s;"
+                f" throughput ratio {ratios['first'][-1]:.2f}, re-run ratio {ratios['rerun'][-1]:.3f};"
+                f" load average {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+            print(f"  stage phases (s, from the task's result): {json.dumps(phases)}", flush=True)
+        med = {k: statistics.median(v) for k, v in rows.items()}
+        gb = size / 1e9
+        how = "expected SHA-256 given" if a.with_digest else "no expected SHA-256: the source is hashed too"
+        print(f"\nfile: {size} bytes ({gb:.2f} GB) to {name}; {how}; median of {a.repeat}")
+        print(f"plain rsync           {med['rsync']:8.2f} s  {gb / med['rsync'] * 1000:7.1f} MB/s")
+        print(f"stage, first run      {med['stage1']:8.2f} s  {gb / med['stage1'] * 1000:7.1f} MB/s")
         print(
-            f"rep {rep + 1}: rsync {rows['rsync'][-1]:.2f}s, stage first {t1:.2f}s (wall {wall:.2f}s),"
-            f" stage re-run {t2:.3f}s, copy re-run {t3:.2f}s;"
-            f" throughput ratio {ratios['first'][-1]:.2f}, re-run ratio {ratios['rerun'][-1]:.3f}",
-            flush=True,
+            f"  throughput vs rsync {statistics.median(ratios['first']):8.2f} x   (median of per-run ratios; goal >= 0.90)"
         )
-    med = {k: statistics.median(v) for k, v in rows.items()}
-    gb = size / 1e9
-    how = "expected SHA-256 given" if a.with_digest else "no expected SHA-256: the source is hashed too"
-    print(f"\nfile: {size} bytes ({gb:.2f} GB) to {name}; {how}; median of {a.repeat}")
-    print(f"plain rsync           {med['rsync']:8.2f} s  {gb / med['rsync'] * 1000:7.1f} MB/s")
-    print(f"stage, first run      {med['stage1']:8.2f} s  {gb / med['stage1'] * 1000:7.1f} MB/s")
-    print(
-        f"  throughput vs rsync {statistics.median(ratios['first']):8.2f} x   (median of per-run ratios; goal >= 0.90)"
-    )
-    print(f"copy, unchanged rerun {med['copy_rerun']:8.2f} s")
-    print(f"stage, unchanged rerun{med['stage_rerun']:8.3f} s")
-    print(
-        f"  re-run vs copy      {statistics.median(ratios['rerun']):8.3f} x   (median of per-run ratios; goal <= 0.05)"
-    )
-    if not a.keep_lab:
-        subprocess.run([sys.executable, str(REPO / "tests/lab/labctl.py"), "down", "--lab", LAB], check=True)
-    if a.workdir is None:
-        shutil.rmtree(work)
+        print(f"copy, unchanged rerun {med['copy_rerun']:8.2f} s")
+        print(f"stage, unchanged rerun{med['stage_rerun']:8.3f} s")
+        print(
+            f"  re-run vs copy      {statistics.median(ratios['rerun']):8.3f} x   (median of per-run ratios; goal <= 0.05)"
+        )
+    finally:
+        # Unattended runs clean up after themselves, whether they finished or failed.
+        if not a.keep_lab:
+            subprocess.run([sys.executable, str(REPO / "tests/lab/labctl.py"), "down", "--lab", LAB], check=False)
+        if a.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -22,18 +22,23 @@ from ansible.module_utils.model_stage import (
     TEMP_PREFIX,
     TEMP_SUFFIX,
     DestFile,
+    NewSet,
     SourceFile,
     StageError,
     build_index,
+    check_exchange,
     check_index,
     check_space,
     describe,
     expected_digests,
+    leftovers,
     parse_sidecar,
     plan_stage,
     record,
+    remove_tree,
     render_index,
     render_sidecar,
+    replace_set,
     sha256_file,
     source_layout,
 )
@@ -49,6 +54,9 @@ description:
   - Checks free space first, transfers each file to a temporary name inside I(dest) with rsync over
     the host's SSH settings (C(--partial --append-verify): an interrupted transfer resumes), verifies
     size, SHA-256 and the safetensors header, then renames into place and sets owner, group and mode.
+  - When more than one file changes (a shard set), the complete new set is built in a staging
+    directory beside I(dest) (unchanged and unrelated files hard-linked) and swapped with I(dest) in
+    one C(renameat2(RENAME_EXCHANGE)), so I(dest) never holds a mix of old and new files.
   - A sidecar C(dest/.model_stage.json) records each file's size, mtime and SHA-256; a re-run that
     finds both sides unchanged transfers and hashes nothing.
   - The controller side is an action plugin of the same name; this module runs on the node.
@@ -167,6 +175,22 @@ bytes_transferred:
   returned: success
   type: int
   sample: 3460012345
+swapped:
+  description:
+    - True when several files changed and the new set was swapped in as one directory
+      (renameat2 RENAME_EXCHANGE with a staging directory beside I(dest)); false for one rename.
+  returned: success, when something was committed
+  type: bool
+  sample: true
+timings:
+  description:
+    - Seconds per phase of a controller-side staging. C(check) (source headers and the quick
+      check), C(plan) and C(commit) are module calls; C(transfer) (rsync done), C(follow) (the
+      node's digest done) and C(hashed) (rsync and the controller's digest both done) count from
+      the end of the plan.
+  returned: success, when a controller source was transferred
+  type: dict
+  sample: {"check": 0.21, "plan": 0.93, "transfer": 58.1, "follow": 58.3, "hashed": 58.3, "commit": 0.88}
 """
 
 ARGUMENT_SPEC: dict[str, Any] = {
@@ -354,8 +378,15 @@ def plan(module: AnsibleModule) -> dict[str, Any]:
     dir_missing = not os.path.isdir(dest)
     if dir_missing:
         actions.insert(0, f"create {dest}")
+    left = leftovers(dest)
+    actions += [f"remove {p} (left over from an interrupted replacement of the file set)" for p in left]
     changed = bool(actions)
+    if not module.check_mode and the_plan.replaces_set and os.path.isdir(os.path.dirname(os.path.realpath(dest))):
+        # Refuse before anything is changed or transferred where the set cannot be swapped in one step.
+        check_exchange(dest)
     if not module.check_mode:
+        for path in left:
+            remove_tree(path)
         if dir_missing:
             os.makedirs(dest, mode=0o755, exist_ok=True)
         st = os.stat(dest)
@@ -419,6 +450,7 @@ def copy_local(module: AnsibleModule) -> dict[str, Any]:
 
 
 FOLLOW_STALL_SECONDS = 15.0
+FOLLOW_NICE = 10
 
 
 def _follow_one(path: str, size: int, stall: float) -> str | None:
@@ -459,6 +491,9 @@ def _follow_one(path: str, size: int, stall: float) -> str | None:
 def follow(module: AnsibleModule) -> dict[str, Any]:
     """Hash the temporary files while rsync writes them, in transfer order (overlaps the two)."""
     prehashed = {}
+    # rsync's receiver is the critical path; hashing keeps up with it on spare CPU.
+    with contextlib.suppress(OSError):
+        os.nice(FOLLOW_NICE)
     for f in module.params["files"] or []:
         prehashed[f["name"]] = _follow_one(f["temp"], int(f["size"]), float(f.get("stall", FOLLOW_STALL_SECONDS)))
     return {"changed": False, "prehashed": prehashed}
@@ -521,9 +556,14 @@ def _locked(dest: str) -> Iterator[None]:
     if not os.path.isdir(dest):
         yield
         return
-    fd = os.open(dest, os.O_RDONLY)
-    try:
+    while True:
+        fd = os.open(dest, os.O_RDONLY)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        st, now = os.fstat(fd), os.stat(dest)
+        if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+            break
+        os.close(fd)  # another run swapped a new directory in while this one waited: lock that one
+    try:
         yield
     finally:
         os.close(fd)
@@ -590,19 +630,6 @@ def commit(module: AnsibleModule) -> dict[str, Any]:
     for f in transfers:
         os.chown(f["temp"], uid, gid)
         os.chmod(f["temp"], file_mode)
-    # Shards first, the index last: the index never names a shard that is not in place yet.
-    for f in sorted(transfers, key=lambda f: f["name"] == INDEX_NAME):
-        os.replace(f["temp"], os.path.join(dest, f["name"]))
-        changed = True
-    if by_kind["generate_index"] and index_text is not None:
-        path = os.path.join(dest, INDEX_NAME)
-        old = None
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as fh:
-                old = fh.read()
-        if old != index_text:
-            _atomic_write(path, index_text, uid, gid, file_mode)
-            changed = True
     for f in by_kind["keep"]:
         path = os.path.join(dest, f["name"])
         st = os.stat(path)
@@ -610,20 +637,49 @@ def commit(module: AnsibleModule) -> dict[str, Any]:
             os.chown(path, uid, gid)
             os.chmod(path, file_mode)
             changed = True
-    for f in by_kind["remove"]:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(dest, f["name"]))
-            changed = True
+    write_index = False
+    if by_kind["generate_index"] and index_text is not None:
+        path = os.path.join(dest, INDEX_NAME)
+        old = None
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as fh:
+                old = fh.read()
+        write_index = old != index_text
+    removes = [f["name"] for f in by_kind["remove"] if os.path.lexists(os.path.join(dest, f["name"]))]
     _, _, side_text = _scan_dest(dest)
     keep_names = {f["name"] for f in by_kind["keep"]}
     merged = {n: r for n, r in records.items() if n in keep_names}
     merged.update(new_records)
     side = render_sidecar(merged)
+    if len(transfers) + len(removes) + int(write_index) > 1:
+        # Several files change: build the new set beside dest and swap it in as one directory.
+        writes = {SIDECAR_NAME: (side, 0o644)}
+        if write_index and index_text is not None:
+            writes[INDEX_NAME] = (index_text, file_mode)
+        new = NewSet(place={f["name"]: f["temp"] for f in transfers}, write=writes, remove=set(removes))
+        try:
+            replace_set(dest, new, uid, gid, _mode(p["dir_mode"], "dir_mode"))
+        except StageError:
+            _remove_temps(transfers)
+            raise
+        reread = sorted(f["name"] for f in transfers if f.get("prehashed") != f["digest"])
+        return {"changed": True, "files": merged, "transferred": sorted(new_records), "reread": reread, "swapped": True}
+    # At most one file changes: one rename (or removal) is atomic by itself.
+    for f in transfers:
+        os.replace(f["temp"], os.path.join(dest, f["name"]))
+        changed = True
+    if write_index and index_text is not None:
+        _atomic_write(os.path.join(dest, INDEX_NAME), index_text, uid, gid, file_mode)
+        changed = True
+    for name in removes:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(dest, name))
+            changed = True
     if side != side_text:
         _atomic_write(os.path.join(dest, SIDECAR_NAME), side, uid, gid, 0o644)
     _fsync_dir(dest)
     reread = sorted(f["name"] for f in transfers if f.get("prehashed") != f["digest"])
-    return {"changed": changed, "files": merged, "transferred": sorted(new_records), "reread": reread}
+    return {"changed": changed, "files": merged, "transferred": sorted(new_records), "reread": reread, "swapped": False}
 
 
 def _atomic_write(path: str, text: str, uid: int, gid: int, mode: int) -> None:

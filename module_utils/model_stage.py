@@ -9,15 +9,28 @@ source never appends to a stale one. After a file is verified (size, SHA-256, he
 renamed into place and recorded in a sidecar, ``dest/.model_stage.json``, keyed by size and
 mtime: a re-run that finds the same size and mtime on both sides transfers and hashes nothing.
 
+When more than one file in ``dest`` changes (a shard set replaced, a single file replaced by
+shards), the new set is built complete in a staging directory beside ``dest`` (same filesystem:
+every file that stays, and everything else ``dest`` holds such as ``config.json``, is hard-linked)
+and swapped with ``dest`` in one ``renameat2(RENAME_EXCHANGE)``; the old set, now at the staging
+path, is removed afterwards. At every moment ``dest`` holds either the old or the new complete set;
+an interrupted run leaves at most the staging directory, which the next run removes.
+
 Standard library and ``ansible.module_utils`` only (runs on managed nodes).
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
+import platform
 import re
+import shutil
+import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +39,7 @@ INDEX_NAME = "model.safetensors.index.json"
 SIDECAR_NAME = ".model_stage.json"
 TEMP_PREFIX = ".model_stage-"
 TEMP_SUFFIX = ".part"
+SWAP_PREFIX = ".model_stage-swap-"
 SIDECAR_VERSION = 1
 _CHUNK = 8 * 1024 * 1024
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -84,6 +98,11 @@ class Plan:
     @property
     def transfers(self) -> list[FilePlan]:
         return [p for p in self.files if p.action == "transfer"]
+
+    @property
+    def replaces_set(self) -> bool:
+        """More than one file in dest may change: the new set is swapped in as one directory."""
+        return len(self.transfers) + len(self.stale_weights) + int(self.index_stale) > 1
 
     def bytes_to_write(self) -> int:
         return sum(p.source.size - p.partial for p in self.transfers)
@@ -315,5 +334,240 @@ def describe(plan: Plan) -> list[str]:
     if plan.index_stale:
         lines.append(f"write {INDEX_NAME} (the source has shards but no index)")
     lines += [f"remove {n} (not part of the source)" for n in plan.stale_weights]
+    if plan.replaces_set:
+        lines.append("swap the new set in as one directory (the old set stays complete until then)")
     lines += [f"remove {n} (left over from an earlier transfer of another source)" for n in plan.stale_temps]
     return lines
+
+
+# ------------------------------------------------------------------ replacing a set of files in one step
+
+RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+# renameat2's syscall number where the C library has no wrapper (glibc < 2.28).
+_SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "riscv64": 276, "ppc64le": 357, "s390x": 347, "i686": 353}
+# What renameat2 answers when the kernel or the filesystem cannot exchange two entries.
+UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP})
+
+Exchange = Callable[[str, str], None]
+
+
+def exchange_paths(a: str, b: str) -> None:
+    """Swap two directory entries in one step: ``renameat2(a, b, RENAME_EXCHANGE)`` (Linux >= 3.15).
+
+    Raises OSError with the kernel's errno; errno in UNSUPPORTED means the filesystem (or kernel)
+    cannot do it.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    args = (_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE)
+    func = getattr(libc, "renameat2", None)
+    if func is not None:
+        func.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        func.restype = ctypes.c_int
+        rc = func(*args)
+    else:  # pragma: no cover (glibc >= 2.28 has the wrapper)
+        nr = _SYS_RENAMEAT2.get(platform.machine())
+        if nr is None:
+            raise OSError(errno.ENOSYS, f"renameat2 is not known on {platform.machine()}", a)
+        libc.syscall.restype = ctypes.c_long
+        rc = libc.syscall(
+            ctypes.c_long(nr),
+            ctypes.c_int(args[0]),
+            ctypes.c_char_p(args[1]),
+            ctypes.c_int(args[2]),
+            ctypes.c_char_p(args[3]),
+            ctypes.c_uint(args[4]),
+        )
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), a, None, b)
+
+
+def swap_paths(real_dest: str) -> tuple[str, str]:
+    """The staging directory beside ``real_dest`` (dest with symlinks resolved) and the plan's probe."""
+    parent, base = os.path.split(real_dest.rstrip("/"))
+    staging = os.path.join(parent, f"{SWAP_PREFIX}{base}")
+    return staging, staging + ".probe"
+
+
+def _unescape_mount(text: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def mount_of(path: str, mountinfo: str) -> tuple[str, str]:
+    """(mount point, filesystem type) holding the absolute ``path``, from /proc/self/mountinfo text."""
+    best = ("/", "unknown")
+    best_len = -1
+    for line in mountinfo.splitlines():
+        parts = line.split()
+        if "-" not in parts[6:]:
+            continue
+        point = _unescape_mount(parts[4])
+        fstype = parts[parts.index("-", 6) + 1]
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best_len:
+            best, best_len = (point, fstype), len(point)
+    return best
+
+
+def describe_filesystem(path: str) -> str:
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+            point, fstype = mount_of(os.path.realpath(path), fh.read())
+    except OSError:
+        return "its filesystem"
+    return f"the {fstype} filesystem mounted at {point}"
+
+
+def _no_exchange(dest: str, exc: OSError) -> StageError:
+    return StageError(
+        f"{dest}: {describe_filesystem(dest)} cannot swap two directories in one step (renameat2"
+        f" RENAME_EXCHANGE: {exc.strerror}), so a set of several files cannot be replaced atomically there;"
+        " nothing was replaced. Put model_stage_dest on a filesystem that can (ext4, xfs, btrfs, tmpfs,"
+        " zfs >= 2.2) or stage a single-file drafter"
+    )
+
+
+def check_exchange(dest: str, exchange: Exchange = exchange_paths) -> None:
+    """Before anything is changed or transferred: can a directory beside ``dest`` be swapped with it?
+
+    ``dest``'s parent must exist. ``dest``, if it exists, must be on its parent's filesystem (not a
+    mount point), and that filesystem must support RENAME_EXCHANGE (tried on two empty directories
+    beside ``dest``, removed again).
+    """
+    real = os.path.realpath(dest)
+    parent = os.path.dirname(real)
+    if os.path.isdir(real) and os.stat(parent).st_dev != os.stat(real).st_dev:
+        raise StageError(
+            f"{dest} is a mount point: a set of several files is replaced by swapping in a complete new"
+            f" directory built beside it, which must be on the same filesystem, but {parent} is not;"
+            " set model_stage_dest to a directory inside the mount"
+        )
+    a, b = swap_paths(real)
+    for path in (a, b):
+        remove_tree(path)
+    os.mkdir(a, 0o700)
+    try:
+        os.mkdir(b, 0o700)
+        try:
+            exchange(a, b)
+        except OSError as exc:
+            if exc.errno in UNSUPPORTED:
+                raise _no_exchange(dest, exc) from None
+            raise
+        finally:
+            os.rmdir(b)
+    finally:
+        os.rmdir(a)
+
+
+def leftovers(dest: str) -> list[str]:
+    """Staging or probe directories an interrupted run left beside ``dest``."""
+    return [p for p in swap_paths(os.path.realpath(dest)) if os.path.lexists(p)]
+
+
+def remove_tree(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+@dataclass
+class NewSet:
+    """The files that change in dest; everything else dest holds is carried over unchanged."""
+
+    place: dict[str, str]  # name in dest -> verified file (on dest's filesystem) to hard-link there
+    write: dict[str, tuple[str, int]]  # name in dest -> (text, mode) written fresh
+    remove: set[str] = field(default_factory=set)  # names in dest left out of the new set
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _mirror(src: str, dst: str, skip: set[str]) -> None:
+    """Hard-link every file under ``src`` into the new directory ``dst`` (subdirectories recreated)."""
+    for entry in os.scandir(src):
+        if entry.name in skip:
+            continue
+        path, target = entry.path, os.path.join(dst, entry.name)
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(path), target)
+        elif stat.S_ISDIR(st.st_mode):
+            os.mkdir(target, stat.S_IMODE(st.st_mode))
+            os.chown(target, st.st_uid, st.st_gid)
+            _mirror(path, target, set())
+            os.chmod(target, stat.S_IMODE(st.st_mode))
+        elif stat.S_ISREG(st.st_mode):
+            os.link(path, target)
+        else:
+            raise StageError(
+                f"{path} is neither a file, a directory nor a symlink; it cannot be carried over into the new"
+                " set: remove it from the destination"
+            )
+
+
+def prepare_set(dest: str, new: NewSet, uid: int, gid: int, dir_mode: int) -> str:
+    """Step 1: build the complete new set in the staging directory beside ``dest``; returns its path.
+
+    Files that stay, and everything else in dest (config.json, tokenizer files, subdirectories),
+    are hard-linked; the changed files are hard-linked from their verified temporary files or
+    written. dest itself is not touched. Temporary files (``.model_stage-*``) are not carried over.
+    """
+    real = os.path.realpath(dest)
+    staging, _ = swap_paths(real)
+    remove_tree(staging)
+    os.mkdir(staging, 0o700)
+    skip = set(new.place) | set(new.write) | new.remove
+    skip |= {e.name for e in os.scandir(real) if e.name.startswith(TEMP_PREFIX)}
+    _mirror(real, staging, skip)
+    for name, path in sorted(new.place.items()):
+        os.link(path, os.path.join(staging, name))
+    for name, (text, mode) in sorted(new.write.items()):
+        target = os.path.join(staging, name)
+        with open(target, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chown(target, uid, gid)
+        os.chmod(target, mode)
+    os.chown(staging, uid, gid)
+    os.chmod(staging, dir_mode)
+    _fsync(staging)
+    return staging
+
+
+def swap_set(dest: str, staging: str, exchange: Exchange = exchange_paths) -> None:
+    """Step 2: exchange the staging directory with ``dest`` in one step; dest now holds the new set.
+
+    If the filesystem cannot exchange, the staging directory is removed and dest is left as it was.
+    """
+    real = os.path.realpath(dest)
+    try:
+        exchange(staging, real)
+    except OSError as exc:
+        remove_tree(staging)
+        if exc.errno in UNSUPPORTED:
+            raise _no_exchange(dest, exc) from None
+        raise StageError(f"{dest}: swapping in the new set failed ({exc.strerror}); nothing was replaced") from None
+    _fsync(os.path.dirname(real))
+
+
+def discard_old_set(staging: str) -> None:
+    """Step 3: remove the old set (at the staging path since the swap)."""
+    remove_tree(staging)
+
+
+def replace_set(dest: str, new: NewSet, uid: int, gid: int, dir_mode: int, exchange: Exchange = exchange_paths) -> None:
+    """Replace dest's set of files with ``new`` so that dest never holds a mix of old and new."""
+    for path in leftovers(dest):
+        remove_tree(path)
+    staging = prepare_set(dest, new, uid, gid, dir_mode)
+    swap_set(dest, staging, exchange)
+    discard_old_set(staging)

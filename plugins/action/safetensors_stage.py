@@ -10,6 +10,7 @@ are computed on the controller while rsync runs and cached by (path, size, mtime
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -17,6 +18,7 @@ import os
 import shlex
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(_HERE.parent.parent / "modu
 from ansible.module_utils.model_stage import (
     INDEX_NAME,
     SIDECAR_NAME,
+    SWAP_PREFIX,
     TEMP_PREFIX,
     DestFile,
     SourceFile,
@@ -51,6 +54,7 @@ from ansible.module_utils.safetensors_header import (
 MODULE = "safetensors_stage"
 _MARK = "--model-stage-sidecar--"
 _CHUNK = 8 * 1024 * 1024
+HASH_NICE = 10
 
 
 def cached_sha256(path: str, cache_dir: str) -> str:
@@ -128,6 +132,18 @@ def unchanged_on_node(listing: str, sources: list[dict[str, Any]], args: dict[st
     return {f["name"]: records[f["name"]] for f in sources}
 
 
+def quick_check_command(dest: str) -> str:
+    """The shell command whose output ``unchanged_on_node`` judges; it fails (so the module plans)
+    when a staging directory left beside dest by an interrupted replacement is there."""
+    dest = dest.rstrip("/") or "/"
+    swap = f'"$(dirname -- "$r")/{SWAP_PREFIX}$(basename -- "$r")'
+    return (
+        f'r=$(readlink -f -- {shlex.quote(dest)}) && test ! -e {swap}" && test ! -e {swap}.probe"'
+        f" && find {shlex.quote(dest)} -maxdepth 1 -printf '%P|%s|%T@|%u|%g|%m|%y\\n'"
+        f" && echo {_MARK} && cat {shlex.quote(dest + '/' + SIDECAR_NAME)}"
+    )
+
+
 def rsync_quote(arg: str) -> str:
     """Quote one word of rsync's -e command (rsync splits on spaces and honours quotes)."""
     if arg and all(c not in arg for c in " '\"\t"):
@@ -186,6 +202,7 @@ class ActionModule(ActionBase):
         if done:
             result["files"] = done.get("files", {})
             result["reread"] = done.get("reread", [])
+            result["swapped"] = bool(done.get("swapped"))
         if result["changed"]:
             result["diff"] = planned["diff"]
         return result
@@ -256,11 +273,7 @@ class ActionModule(ActionBase):
         return out
 
     def _quick_check(self, args: dict[str, Any], files: list[dict[str, Any]]) -> dict[str, Any] | None:
-        dest = str(args["dest"]).rstrip("/") or "/"
-        cmd = (
-            f"find {shlex.quote(dest)} -maxdepth 1 -printf '%P|%s|%T@|%u|%g|%m|%y\\n'"
-            f" && echo {_MARK} && cat {shlex.quote(dest + '/' + SIDECAR_NAME)}"
-        )
+        cmd = quick_check_command(str(args["dest"]))
         try:
             res = self._low_level_execute_command(cmd, sudoable=True)
         except Exception:  # any trouble: the module decides
@@ -317,13 +330,23 @@ class ActionModule(ActionBase):
     def _stage_from_controller(
         self, args: dict[str, Any], rsync_opts: list[str], task_vars: dict[str, Any], result: dict[str, Any]
     ) -> dict[str, Any]:
+        t0 = time.monotonic()
+        timings: dict[str, float] = {}
+
+        def lap(name: str, since: float) -> float:
+            now = time.monotonic()
+            timings[name] = round(now - since, 3)
+            return now
+
         files = self._controller_sources(args)
         kept = self._quick_check(args, files)
         if kept is not None:
             # Everything in place: one stat of dest over the connection, no module, no hashing.
             result.update(changed=False, dest=args["dest"], actions=[], transferred=[], bytes_transferred=0, files=kept)
             return result
+        t = lap("check", t0)
         planned = self._node(args, task_vars, step="plan", files=files)
+        t = lap("plan", t)
         if self._task.check_mode:
             return self._finish(result, planned, None)
         if not (planned["transfers"] or planned["stale_weights"] or planned["attrs"] or planned["index_stale"]):
@@ -334,6 +357,10 @@ class ActionModule(ActionBase):
         errors: list[BaseException] = []
 
         def hash_sources() -> None:
+            # The transfer is the critical path; the digest has until the transfer ends. On a busy
+            # controller, let rsync and ssh have the CPU first (Linux: the nice value of this thread).
+            with contextlib.suppress(OSError, AttributeError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HASH_NICE)
             try:
                 for t in planned["transfers"]:
                     if not t.get("sha256"):
@@ -368,7 +395,11 @@ class ActionModule(ActionBase):
                     )
                     return
 
-        mover = threading.Thread(target=transfer, daemon=True)
+        def timed_transfer() -> None:
+            transfer()
+            lap("transfer", t)
+
+        mover = threading.Thread(target=timed_transfer, daemon=True)
         mover.start()
         # Meanwhile the node hashes what arrives, so the commit need not read the files again.
         try:
@@ -376,10 +407,12 @@ class ActionModule(ActionBase):
             prehashed = self._node(args, task_vars, step="follow", files=follow).get("prehashed", {})
         except AnsibleActionFail:
             prehashed = {}
+        lap("follow", t)
         mover.join()
         if failures:
             raise StageError(failures[0])
         hasher.join()
+        t = lap("hashed", t)
         if errors:
             raise StageError(f"cannot hash the source on the controller: {errors[0]}")
         files = self._commit_files(planned, digests)
@@ -387,4 +420,6 @@ class ActionModule(ActionBase):
             if f["kind"] == "transfer":
                 f["prehashed"] = prehashed.get(f["name"])
         done = self._node(args, task_vars, step="commit", files=files)
+        lap("commit", t)
+        result["timings"] = timings
         return self._finish(result, planned, done)

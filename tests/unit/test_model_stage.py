@@ -2,30 +2,44 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import grp
 import json
 import os
 import pwd
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import safetensors_stage
 from ansible.module_utils.model_stage import (
     DestFile,
+    NewSet,
     SourceFile,
     StageError,
     build_index,
+    check_exchange,
     check_index,
     check_space,
     describe,
+    exchange_paths,
     expected_digests,
     human,
+    leftovers,
+    mount_of,
     normalise_digest,
     parse_sidecar,
     plan_stage,
+    prepare_set,
+    remove_tree,
     render_sidecar,
+    replace_set,
     source_layout,
+    swap_paths,
+    swap_set,
     temp_name,
 )
 from ansible.module_utils.testing import patch_module_args
@@ -358,12 +372,14 @@ def test_shards_get_an_index_and_replace_a_single_file(tmp_path, capsys):
     args = {**base(shard_dir, dest), "files": files}
     planned = call({**args, "step": "plan"}, capsys)
     assert planned["stale_weights"] == ["model.safetensors"]
-    assert planned["actions"][-2:] == [
+    assert planned["actions"][-3:] == [
         "write model.safetensors.index.json (the source has shards but no index)",
         "remove model.safetensors (not part of the source)",
+        "swap the new set in as one directory (the old set stays complete until then)",
     ]
     transfer(planned)
-    call({**args, "step": "commit", "files": commit_files(planned)}, capsys)
+    done = call({**args, "step": "commit", "files": commit_files(planned)}, capsys)
+    assert done["swapped"] is True
     assert sorted(os.listdir(dest)) == [
         ".model_stage.json",
         "model-00001-of-00002.safetensors",
@@ -426,7 +442,8 @@ def test_follow_hashes_a_finished_file_and_gives_up_on_a_stalled_one(src, tmp_pa
     assert safetensors_stage._follow_one(str(tmp_path / "never"), 10, 0.2) is None
 
 
-def test_commit_trusts_a_digest_taken_during_transfer_only_when_it_is_right(src, tmp_path, capsys):
+def test_commit_trusts_a_digest_taken_during_transfer_only_when_it_is_right(src, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(safetensors_stage, "FOLLOW_NICE", 0)  # the step lowers its own priority: not pytest's
     dest = tmp_path / "dest"
     args = {**base(src, dest), "files": [manifest(src)]}
     planned = call({**args, "step": "plan"}, capsys)
@@ -438,3 +455,319 @@ def test_commit_trusts_a_digest_taken_during_transfer_only_when_it_is_right(src,
     done = call({**args, "step": "commit", "files": files}, capsys)
     assert done["reread"] == ["model.safetensors"]
     assert sha(dest / "model.safetensors") == sha(src)
+
+
+# ------------------------------------------------------------------ a shard set replaced as one directory
+
+
+def test_a_plan_replaces_a_set_only_when_more_than_one_file_changes():
+    one = plan_stage([SRC], {}, {}, {}, False)
+    assert one.replaces_set is False
+    shards = [SourceFile(f"s{i}.safetensors", f"/w/s{i}.safetensors", 10, 1) for i in (1, 2)]
+    recs = {f"s{i}.safetensors": {"size": 10, "mtime": 1, "sha256": DIGEST_A} for i in (1, 2)}
+    have = {f"s{i}.safetensors": DestFile(10, 1, 0, 0, 0o640) for i in (1, 2)}
+    assert plan_stage(shards, have, recs, {}, True).replaces_set is False  # only the index is written
+    have["model.safetensors.index.json"] = DestFile(50, 1, 0, 0, 0o640)
+    assert plan_stage(shards, have, recs, {}, True).replaces_set is False  # nothing changes
+    changed = plan_stage([shards[0], SourceFile("s2.safetensors", "/w/s2.safetensors", 12, 2)], have, recs, {}, True)
+    assert changed.replaces_set is True  # one shard and (maybe) the index
+    assert describe(changed)[-1] == "swap the new set in as one directory (the old set stays complete until then)"
+
+
+def test_swap_paths_sit_beside_dest():
+    assert swap_paths("/opt/models/drafter") == (
+        "/opt/models/.model_stage-swap-drafter",
+        "/opt/models/.model_stage-swap-drafter.probe",
+    )
+    assert swap_paths("/opt/models/drafter/") == swap_paths("/opt/models/drafter")
+
+
+MOUNTINFO = """\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+30 22 0:27 / /opt/models rw,relatime shared:9 - nfs4 srv:/models rw,vers=4.2
+31 30 0:28 / /opt/models/fast\\040disk rw - xfs /dev/nvme0n1 rw
+"""
+
+
+@pytest.mark.parametrize(
+    ("path", "where"),
+    [
+        ("/opt/models/drafter", ("/opt/models", "nfs4")),
+        ("/opt/models", ("/opt/models", "nfs4")),
+        ("/opt/models-old/x", ("/", "ext4")),
+        ("/opt/models/fast disk/d", ("/opt/models/fast disk", "xfs")),
+    ],
+)
+def test_mount_of(path, where):
+    assert mount_of(path, MOUNTINFO) == where
+
+
+def test_exchange_paths_swaps_two_directories(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "x").write_text("from a")
+    (b / "y").write_text("from b")
+    exchange_paths(str(a), str(b))
+    assert [p.name for p in a.iterdir()] == ["y"]
+    assert [p.name for p in b.iterdir()] == ["x"]
+    with pytest.raises(FileNotFoundError):
+        exchange_paths(str(a), str(tmp_path / "missing"))
+
+
+def unsupported(a, b):
+    """A filesystem without RENAME_EXCHANGE (NFS, for one) answers EINVAL."""
+    raise OSError(errno.EINVAL, "Invalid argument", a, None, b)
+
+
+def test_check_exchange_refuses_a_filesystem_that_cannot_swap_and_leaves_nothing(tmp_path):
+    dest = tmp_path / "drafter"
+    dest.mkdir()
+    check_exchange(str(dest))
+    with pytest.raises(StageError) as exc:
+        check_exchange(str(dest), exchange=unsupported)
+    assert str(exc.value).startswith(
+        f"{dest}: the {mount_of(str(tmp_path), Path('/proc/self/mountinfo').read_text())[1]} filesystem mounted at "
+    )
+    assert "cannot swap two directories in one step (renameat2 RENAME_EXCHANGE: Invalid argument)" in str(exc.value)
+    assert "nothing was replaced" in str(exc.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]
+
+
+@pytest.mark.skipif(not os.path.ismount("/dev/shm"), reason="needs /dev/shm mounted on its own")
+def test_check_exchange_refuses_a_mount_point():
+    with pytest.raises(StageError, match=r"^/dev/shm is a mount point: .* set model_stage_dest to a directory inside"):
+        check_exchange("/dev/shm")
+
+
+def old_set(tmp_path):
+    """A destination holding a shard set, its index, sidecar, config.json, a subdirectory and a symlink."""
+    dest = tmp_path / "drafter"
+    (dest / "extra").mkdir(parents=True)
+    for name, text in [
+        ("s1.safetensors", "old 1"),
+        ("s2.safetensors", "old 2"),
+        ("model.safetensors.index.json", "old index"),
+        (".model_stage.json", "old sidecar"),
+        ("config.json", '{"architectures": ["DFlashDraftModel"]}'),
+        ("extra/notes.txt", "kept"),
+    ]:
+        (dest / name).write_text(text)
+    (dest / "tokenizer.json").symlink_to("../target/tokenizer.json")
+    temp = dest / ".model_stage-s2.safetensors.5-1.part"
+    temp.write_text("new 2")
+    new = NewSet(
+        place={"s2.safetensors": str(temp)},
+        write={"model.safetensors.index.json": ("new index", 0o640), ".model_stage.json": ("new sidecar", 0o644)},
+    )
+    return dest, new
+
+
+def listing(dest):
+    return {
+        str(p.relative_to(dest)): (os.readlink(p) if p.is_symlink() else p.read_text())
+        for p in sorted(dest.rglob("*"))
+        if p.is_symlink() or p.is_file()
+    }
+
+
+OLD = {
+    ".model_stage-s2.safetensors.5-1.part": "new 2",
+    ".model_stage.json": "old sidecar",
+    "config.json": '{"architectures": ["DFlashDraftModel"]}',
+    "extra/notes.txt": "kept",
+    "model.safetensors.index.json": "old index",
+    "s1.safetensors": "old 1",
+    "s2.safetensors": "old 2",
+    "tokenizer.json": "../target/tokenizer.json",
+}
+NEW = {
+    ".model_stage.json": "new sidecar",
+    "config.json": '{"architectures": ["DFlashDraftModel"]}',
+    "extra/notes.txt": "kept",
+    "model.safetensors.index.json": "new index",
+    "s1.safetensors": "old 1",
+    "s2.safetensors": "new 2",
+    "tokenizer.json": "../target/tokenizer.json",
+}
+
+
+def test_replace_set_swaps_in_the_complete_new_set_and_keeps_everything_else(tmp_path):
+    dest, new = old_set(tmp_path)
+    config_inode = (dest / "config.json").stat().st_ino
+    replace_set(str(dest), new, os.getuid(), os.getgid(), 0o750)
+    assert listing(dest) == NEW
+    assert (dest / "config.json").stat().st_ino == config_inode  # hard-linked, not copied
+    assert oct((dest / "model.safetensors.index.json").stat().st_mode & 0o7777) == "0o640"
+    assert oct(dest.stat().st_mode & 0o7777) == "0o750"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]
+
+
+def test_replace_set_leaves_out_removed_names(tmp_path):
+    dest, new = old_set(tmp_path)
+    new.remove = {"s1.safetensors"}
+    replace_set(str(dest), new, os.getuid(), os.getgid(), 0o750)
+    assert "s1.safetensors" not in listing(dest)
+
+
+def test_interrupted_before_the_swap_leaves_the_old_set_and_a_rerun_finishes(tmp_path):
+    dest, new = old_set(tmp_path)
+    staging = prepare_set(str(dest), new, os.getuid(), os.getgid(), 0o750)  # ... then the run dies
+    assert listing(dest) == OLD
+    assert leftovers(str(dest)) == [staging]
+    replace_set(str(dest), new, os.getuid(), os.getgid(), 0o750)
+    assert listing(dest) == NEW
+    assert leftovers(str(dest)) == []
+
+
+def test_interrupted_after_the_swap_leaves_the_new_set_and_a_rerun_cleans_up(tmp_path):
+    dest, new = old_set(tmp_path)
+    staging = prepare_set(str(dest), new, os.getuid(), os.getgid(), 0o750)
+    swap_set(str(dest), staging)  # ... then the run dies before removing the old set
+    assert listing(dest) == NEW
+    assert listing(Path(staging)) == OLD
+    assert leftovers(str(dest)) == [staging]
+    for path in leftovers(str(dest)):
+        remove_tree(path)
+    assert listing(dest) == NEW
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]
+
+
+def test_a_failure_while_building_the_set_leaves_the_old_set(tmp_path):
+    dest, new = old_set(tmp_path)
+    new.place["s3.safetensors"] = str(dest / "gone.part")
+    with pytest.raises(FileNotFoundError):
+        replace_set(str(dest), new, os.getuid(), os.getgid(), 0o750)
+    assert listing(dest) == OLD
+
+
+def test_a_filesystem_without_exchange_changes_nothing(tmp_path):
+    dest, new = old_set(tmp_path)
+    with pytest.raises(StageError, match="cannot swap two directories in one step"):
+        replace_set(str(dest), new, os.getuid(), os.getgid(), 0o750, exchange=unsupported)
+    assert listing(dest) == OLD
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]
+
+
+def write_shards(where, second_rows=2):
+    where.mkdir(exist_ok=True)
+    write_real(where / "model-00001-of-00002.safetensors", {"a.weight": (4, 4)})
+    write_real(where / "model-00002-of-00002.safetensors", {"b.weight": (second_rows,)})
+    return [manifest(p, p.name) for p in sorted(where.iterdir())]
+
+
+def stage(args, capsys):
+    planned = call({**args, "step": "plan"}, capsys)
+    assert planned.get("failed") is None, planned
+    transfer(planned)
+    return planned, call({**args, "step": "commit", "files": commit_files(planned)}, capsys)
+
+
+def change_second_shard(shard_dir):
+    """Shard 2 changes shape (so the generated index changes too); shard 1 keeps its bytes and mtime."""
+    first = shard_dir / "model-00001-of-00002.safetensors"
+    mtime = first.stat().st_mtime
+    write_shards(shard_dir, second_rows=6)
+    os.utime(first, (mtime, mtime))
+    os.utime(shard_dir / "model-00002-of-00002.safetensors", (5, 5))
+    return [manifest(p, p.name) for p in sorted(shard_dir.iterdir())]
+
+
+def test_a_changed_shard_set_is_swapped_in_whole_and_config_json_stays(tmp_path, capsys):
+    shard_dir, dest = tmp_path / "shards", tmp_path / "dest"
+    stage({**base(shard_dir, dest), "files": write_shards(shard_dir)}, capsys)
+    (dest / "config.json").write_text('{"architectures": ["DFlashDraftModel"]}')
+    args = {**base(shard_dir, dest), "files": change_second_shard(shard_dir)}
+    planned, done = stage(args, capsys)
+    assert [t["name"] for t in planned["transfers"]] == ["model-00002-of-00002.safetensors"]
+    assert done["swapped"] is True
+    assert sorted(os.listdir(dest)) == [
+        ".model_stage.json",
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    ]
+    assert (dest / "config.json").read_text() == '{"architectures": ["DFlashDraftModel"]}'
+    assert sha(dest / "model-00002-of-00002.safetensors") == sha(shard_dir / "model-00002-of-00002.safetensors")
+    index = json.loads((dest / "model.safetensors.index.json").read_text())
+    assert index["metadata"] == {"total_size": 44}  # 16 + 6 two-byte elements
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dest", "shards"]
+    again = call({**args, "step": "plan"}, capsys)
+    assert (again["changed"], again["transfers"]) == (False, [])
+
+
+def test_a_run_killed_between_building_and_swapping_is_finished_by_the_next(tmp_path, capsys, monkeypatch):
+    shard_dir, dest = tmp_path / "shards", tmp_path / "dest"
+    stage({**base(shard_dir, dest), "files": write_shards(shard_dir)}, capsys)
+    before = {n: sha(dest / n) for n in os.listdir(dest)}
+    args = {**base(shard_dir, dest), "files": change_second_shard(shard_dir)}
+
+    def killed(dest, new, uid, gid, dir_mode):
+        prepare_set(dest, new, uid, gid, dir_mode)
+        raise KeyboardInterrupt  # stands for the process being killed here
+
+    monkeypatch.setattr(safetensors_stage, "replace_set", killed)
+    planned = call({**args, "step": "plan"}, capsys)
+    transfer(planned)
+    with (
+        pytest.raises(KeyboardInterrupt),
+        patch_module_args({**args, "step": "commit", "files": commit_files(planned)}),
+    ):
+        safetensors_stage.main()
+    assert {n: sha(dest / n) for n in os.listdir(dest) if not n.startswith(".model_stage-")} == before
+    monkeypatch.undo()
+    again = call({**args, "step": "plan"}, capsys)
+    assert again["actions"][-1] == (
+        f"remove {tmp_path / '.model_stage-swap-dest'} (left over from an interrupted replacement of the file set)"
+    )
+    assert [t["partial"] for t in again["transfers"]] == [t["size"] for t in again["transfers"]]
+    transfer(again)
+    done = call({**args, "step": "commit", "files": commit_files(again)}, capsys)
+    assert done["swapped"] is True
+    assert sha(dest / "model-00002-of-00002.safetensors") == sha(shard_dir / "model-00002-of-00002.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dest", "shards"]
+
+
+def test_a_plan_refuses_a_set_where_it_cannot_be_swapped_before_transferring(tmp_path, capsys, monkeypatch):
+    shard_dir, dest = tmp_path / "shards", tmp_path / "dest"
+    args = {**base(shard_dir, dest), "files": write_shards(shard_dir)}
+    monkeypatch.setattr(safetensors_stage, "check_exchange", lambda d: check_exchange(d, exchange=unsupported))
+    out = call({**args, "step": "plan"}, capsys)
+    assert "cannot swap two directories in one step" in out["msg"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"]
+
+
+def test_a_single_file_is_still_replaced_by_one_rename(src, tmp_path, capsys):
+    dest = tmp_path / "dest"
+    _, first = stage({**base(src, dest), "files": [manifest(src)]}, capsys)
+    os.utime(src, (7, 7))
+    _, second = stage({**base(src, dest), "files": [manifest(src)]}, capsys)
+    assert (first["swapped"], second["swapped"]) == (False, False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dest", "src"]
+
+
+def test_a_waiting_run_locks_the_directory_swapped_in_meanwhile(tmp_path):
+    dest, other = tmp_path / "dest", tmp_path / "new"
+    dest.mkdir()
+    other.mkdir()
+    seen = []
+
+    def second_run():
+        with safetensors_stage._locked(str(dest)):
+            fd = os.open(dest, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                seen.append("not locked")
+            except BlockingIOError:
+                seen.append("locked")
+            finally:
+                os.close(fd)
+
+    with safetensors_stage._locked(str(dest)):
+        waiter = threading.Thread(target=second_run)
+        waiter.start()
+        time.sleep(0.3)  # the second run now waits on the directory that is about to be swapped out
+        exchange_paths(str(other), str(dest))
+    waiter.join(10)
+    assert seen == ["locked"]

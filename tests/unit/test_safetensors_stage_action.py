@@ -6,6 +6,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,23 @@ def test_quick_check_sees_an_unchanged_node(action):
 )
 def test_quick_check_leaves_everything_else_to_the_node(action, listing, sources, args):
     assert action.unchanged_on_node(listing, sources, args) is None
+
+
+@pytest.mark.parametrize("leftover", [None, ".model_stage-swap-drafter", ".model_stage-swap-drafter.probe"])
+def test_quick_check_command_fails_while_a_staging_directory_is_left_over(action, tmp_path, leftover):
+    dest = tmp_path / "drafter"
+    dest.mkdir()
+    (dest / ".model_stage.json").write_text("{}")
+    link = tmp_path / "link"
+    link.symlink_to(dest)
+    if leftover:
+        (tmp_path / leftover).mkdir()
+    for path in (dest, link):  # a symlinked destination: the staging directory sits beside its target
+        res = subprocess.run(
+            ["sh", "-c", action.quick_check_command(str(path) + "/")], capture_output=True, text=True, check=False
+        )
+        if leftover:
+            assert (res.returncode, res.stdout) == (1, "")
+        else:
+            assert res.returncode == 0
+            assert res.stdout.endswith("--model-stage-sidecar--\n{}")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write safetensors inputs for the model_stage scenario: same bytes every time for a given seed.
 
-    make_weights.py file PATH MIB SEED        one file of MIB MiB of tensor data (streamed, seeded)
+    make_weights.py file PATH MIB SEED [PREFIX] one file of MIB MiB of tensor data (streamed, seeded)
     make_weights.py sparse PATH MIB           a valid header and a MIB MiB hole (sparse: no disk used)
     make_weights.py shards DIR COUNT MIB SEED COUNT shards of MIB MiB each, no index
     make_weights.py flip PATH OFFSET          invert one byte in place (header stays valid)
@@ -60,7 +60,7 @@ def write_sparse(path: str, mib: int) -> None:
 def main(argv: list[str]) -> int:
     cmd, *rest = argv
     if cmd == "file":
-        write_file(rest[0], int(rest[1]), int(rest[2]))
+        write_file(rest[0], int(rest[1]), int(rest[2]), rest[3] if len(rest) > 3 else "")
     elif cmd == "sparse":
         write_sparse(rest[0], int(rest[1]))
     elif cmd == "shards":
