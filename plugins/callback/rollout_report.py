@@ -3,8 +3,9 @@
 Roles add what they found and did to one fact per host, ``dflash_report`` (a dict keyed by
 role: ``{"gpu_check": {...}, "service_swap": {...}}``), with ``ansible.builtin.set_fact`` and
 ``combine``. This callback keeps the newest value per host, adds the outcome (ok, changed,
-failed with the task and its message, unreachable, not run) and, when the playbook ends,
-writes ``reports/<playbook>-<UTC time>.json`` and prints one line per host.
+failed with the task and its message, unreachable, or not reached: targeted by a play whose
+batches stopped before the host's batch, as when a failed batch ends a rollout) and, when the
+playbook ends, writes ``reports/<playbook>-<UTC time>.json`` and prints one line per host.
 """
 
 from __future__ import annotations
@@ -53,6 +54,38 @@ def failure_message(result: dict[str, Any]) -> str:
     return str(result.get("msg") or "")
 
 
+def unreached(plays: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """Per host, the plays that targeted it but ran no batch containing it, in play order.
+
+    ``plays`` maps a play's id to ``{"name": str, "targets": [host, ...], "reached": {host, ...}}``
+    (targets: every host the play would run on, all batches together; reached: the hosts of the
+    batches that started).
+    """
+    out: dict[str, list[str]] = {}
+    for play in plays.values():
+        for host in play["targets"]:
+            if host not in play["reached"]:
+                out.setdefault(host, []).append(play["name"])
+    return out
+
+
+def outcome(stats: dict[str, int], before: str, not_reached: list[str]) -> str:
+    """A host's outcome from its recap counters; a failure that a rescue handled does not fail it.
+
+    ``before`` is what the task results said (ok, failed, unreachable), used where the host has
+    no recap counters.
+    """
+    if stats.get("unreachable"):
+        return "unreachable"
+    if stats.get("failures"):
+        return "failed"
+    if not stats and before in ("failed", "unreachable"):
+        return before
+    if not_reached:
+        return "not reached"
+    return "changed" if stats.get("changed") else "ok"
+
+
 def summary_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
     """One row per host: what it runs now and, if it failed, the first reason."""
     rows = []
@@ -60,14 +93,19 @@ def summary_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
         h = hosts[name]
         report = h.get("report") or {}
         first = next((e["msg"] for e in h.get("errors") or [] if e.get("msg")), "")
+        if h.get("outcome") == "not reached" and h.get("not_reached"):
+            first = "not reached: " + h["not_reached"][0] + " stopped before its batch"
         note = first.splitlines()[0][:80] if first else ""
         acceptance = _get(report, "service_swap", "mean_acceptance_length")
+        serving = str(_get(report, "service_swap", "serving"))
+        if (report.get("service_swap") or {}).get("rolled_back"):
+            serving += " (rolled back)"
         rows.append(
             (
                 name,
                 h.get("outcome", "ok"),
                 str(_get(report, "gpu_check", "summary")),
-                str(_get(report, "service_swap", "serving")),
+                serving,
                 f"{acceptance:.2f}" if isinstance(acceptance, float) else str(acceptance),
                 str(_get(report, "service_swap", "tokens_per_second")),
                 note,
@@ -93,12 +131,29 @@ class CallbackModule(CallbackBase):
         self.playbook = "playbook"
         self.started = time.time()
         self.hosts: dict[str, dict[str, Any]] = {}
+        self.plays: dict[str, dict[str, Any]] = {}
 
     def _host(self, name: str) -> dict[str, Any]:
         return self.hosts.setdefault(name, {"outcome": "ok", "report": {}, "errors": []})
 
     def v2_playbook_on_start(self, playbook: Any) -> None:
         self.playbook = Path(playbook._file_name).stem
+
+    def v2_playbook_on_play_start(self, play: Any) -> None:
+        # Sent once per batch, with the inventory restricted to that batch's hosts.
+        inventory = getattr(play.get_variable_manager(), "_inventory", None)
+        if inventory is None:
+            return
+        pattern = play.hosts
+        entry = self.plays.setdefault(
+            str(getattr(play, "_uuid", "") or play.get_name()),
+            {
+                "name": play.get_name(),
+                "targets": [h.name for h in inventory.get_hosts(pattern, ignore_restrictions=True)],
+                "reached": set(),
+            },
+        )
+        entry["reached"].update(h.name for h in inventory.get_hosts(pattern))
 
     def v2_runner_on_ok(self, result: Any) -> None:
         facts = result._result.get("ansible_facts") or {}
@@ -118,14 +173,16 @@ class CallbackModule(CallbackBase):
         host["errors"].append({"task": result._task.get_name(), "msg": str(result._result.get("msg", ""))})
 
     def v2_playbook_on_stats(self, stats: Any) -> None:
-        for name in sorted(stats.processed):
-            s = stats.summarize(name)
+        missed = unreached(self.plays)
+        for name in sorted(set(stats.processed) | set(missed) | set(self.hosts)):
+            s = stats.summarize(name) if name in stats.processed else {}
             if name == "localhost" and not s.get("failures") and name not in self.hosts:
                 continue  # the controller's own checks are not a node
             host = self._host(name)
             host["stats"] = s
-            if host["outcome"] == "ok" and s.get("changed"):
-                host["outcome"] = "changed"
+            if missed.get(name):
+                host["not_reached"] = missed[name]
+            host["outcome"] = outcome(s, host["outcome"], missed.get(name, []))
         if not self.hosts:
             return
         out_dir = Path(self.get_option("report_dir"))

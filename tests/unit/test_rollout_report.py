@@ -1,6 +1,14 @@
-"""The summary table printed at the end of every run."""
+"""The summary table printed at the end of every run, and the JSON report of a stopped rollout."""
 
-from rollout_report import failure_message, summary_rows, summary_table
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rollout_report import failure_message, outcome, summary_rows, summary_table, unreached
+
+PLUGINS = Path(__file__).resolve().parents[2] / "plugins" / "callback"
 
 HOSTS = {
     "gpu-b": {
@@ -46,3 +54,95 @@ def test_a_failed_loop_reports_its_failed_items() -> None:
     }
     assert failure_message(result) == "GPU 0 has 2435 MiB in use"
     assert failure_message({"msg": "plain"}) == "plain"
+
+
+def test_hosts_of_batches_that_never_started_are_not_reached() -> None:
+    plays = {
+        "p1": {"name": "GPU preflight", "targets": ["n1", "n2", "n3"], "reached": {"n1", "n2", "n3"}},
+        "p2": {"name": "Deploy", "targets": ["n1", "n2", "n3"], "reached": {"n1", "n2"}},
+    }
+    assert unreached(plays) == {"n3": ["Deploy"]}
+
+
+def test_outcome_comes_from_the_recap_and_a_rescued_failure_does_not_fail_the_host() -> None:
+    assert outcome({"ok": 5, "changed": 0, "failures": 0, "rescued": 1}, "failed", []) == "ok"
+    assert outcome({"ok": 5, "changed": 2, "failures": 1, "rescued": 1}, "failed", []) == "failed"
+    assert outcome({"ok": 1, "unreachable": 1}, "unreachable", []) == "unreachable"
+    assert outcome({"ok": 9, "changed": 0}, "ok", ["Deploy"]) == "not reached"
+    assert outcome({"ok": 9, "changed": 3}, "ok", []) == "changed"
+    assert outcome({}, "failed", []) == "failed"
+
+
+def test_rows_say_a_host_was_rolled_back_or_not_reached() -> None:
+    hosts = {
+        "n2": {
+            "outcome": "failed",
+            "report": {"service_swap": {"serving": "sglang", "rolled_back": True}},
+            "errors": [{"task": "Gate 3", "msg": "mean acceptance length 1.0 is under the floor"}],
+        },
+        "n3": {"outcome": "not reached", "report": {}, "errors": [], "not_reached": ["Deploy"]},
+    }
+    assert summary_rows(hosts) == [
+        ("n2", "failed", "-", "sglang (rolled back)", "-", "-", "mean acceptance length 1.0 is under the floor"),
+        ("n3", "not reached", "-", "-", "-", "-", "not reached: Deploy stopped before its batch"),
+    ]
+
+
+ROLLOUT = """
+- name: Preflight
+  hosts: nodes
+  gather_facts: false
+  tasks:
+    - name: Look
+      ansible.builtin.debug:
+        msg: looked
+- name: Deploy
+  hosts: nodes
+  gather_facts: false
+  serial: 1
+  max_fail_percentage: 0
+  tasks:
+    - name: Try, and roll back on failure
+      block:
+        - name: Gate
+          ansible.builtin.assert:
+            that: inventory_hostname != 'n2'
+            fail_msg: acceptance under the floor
+      rescue:
+        - name: Report the rollback
+          ansible.builtin.set_fact:
+            dflash_report: {service_swap: {serving: sglang, rolled_back: true}}
+        - name: Fail the host
+          ansible.builtin.fail:
+            msg: rolled back to SGLang
+"""
+
+
+def test_a_failed_batch_leaves_later_hosts_not_reached_in_the_json_report(tmp_path: Path) -> None:
+    (tmp_path / "play.yml").write_text(ROLLOUT)
+    (tmp_path / "hosts.yml").write_text(
+        "nodes:\n  hosts:\n    n1: {}\n    n2: {}\n    n3: {}\n  vars:\n    ansible_connection: local\n"
+    )
+    env = dict(
+        os.environ,
+        ANSIBLE_CALLBACK_PLUGINS=str(PLUGINS),
+        ANSIBLE_CALLBACKS_ENABLED="rollout_report",
+        DFLASH_REPORT_DIR=str(tmp_path / "reports"),
+        ANSIBLE_PYTHON_INTERPRETER=sys.executable,
+        ANSIBLE_NOCOLOR="1",
+    )
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "hosts.yml", "play.yml"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2, run.stdout
+    (report,) = (tmp_path / "reports").glob("play-*.json")
+    hosts = json.loads(report.read_text())["hosts"]
+    assert {name: h["outcome"] for name, h in hosts.items()} == {"n1": "ok", "n2": "failed", "n3": "not reached"}
+    assert hosts["n3"]["not_reached"] == ["Deploy"]
+    assert hosts["n2"]["report"] == {"service_swap": {"serving": "sglang", "rolled_back": True}}
+    assert [e["msg"] for e in hosts["n2"]["errors"]] == ["acceptance under the floor", "rolled back to SGLang"]
+    assert "n3    not reached" in run.stdout
