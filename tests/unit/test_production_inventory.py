@@ -8,9 +8,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def validate(inventory: Path, *extra: str) -> subprocess.CompletedProcess:
+def validate(inventory: Path, reports: Path, *extra: str) -> subprocess.CompletedProcess:
     bin_dir = Path(sys.executable).parent
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), DFLASH_REPORT_DIR=str(inventory.parent / "r"))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), DFLASH_REPORT_DIR=str(reports))
     return subprocess.run(
         [
             str(bin_dir / "ansible-playbook"),
@@ -28,7 +28,7 @@ def validate(inventory: Path, *extra: str) -> subprocess.CompletedProcess:
 
 def test_the_example_production_inventory_is_valid(tmp_path: Path) -> None:
     prod = REPO / "inventory/production"
-    res = validate(prod, "--vault-password-file", str(prod / "vault-password.example"))
+    res = validate(prod, tmp_path / "reports", "--vault-password-file", str(prod / "vault-password.example"))
     assert res.returncode == 0, res.stdout[-3000:]
     for host in ("qwen-ct101", "qwen-ct201", "qwen-ct202"):
         assert f"{host}" in res.stdout
@@ -41,7 +41,7 @@ def test_a_typo_in_a_copy_of_it_is_caught(tmp_path: Path) -> None:
         "all:\n  children:\n    gpu_nodes:\n      hosts:\n        ct1:\n          ansible_host: 192.0.2.1\n"
         "          gpu_check_gpu_cuont: 2\n          gpu_check_enforce: 'yes'\n"
     )
-    res = validate(inv)
+    res = validate(inv, tmp_path / "reports")
     assert res.returncode != 0
     assert "ct1: gpu_check_gpu_cuont is not a variable of any role. Did you mean gpu_check_gpu_count?" in res.stdout
     assert "ct1: gpu_check_enforce is the string 'yes'; write it without quotes (yes) so it is a boolean." in res.stdout
