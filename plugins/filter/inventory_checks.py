@@ -34,10 +34,10 @@ def load_specs(roles_dir: str) -> dict[str, dict[str, Any]]:
     """Every role's entry-point options, flattened to {variable name: option spec}."""
     specs: dict[str, dict[str, Any]] = {}
     files = [(p, p.parts[-3]) for p in sorted(Path(roles_dir).glob("*/meta/argument_specs.yml"))]
-    # The rollout's own variables sit beside the playbooks that read them.
-    rollout = Path(roles_dir).parent / "playbooks" / "vars" / "rollout_argument_specs.yml"
-    if rollout.exists():
-        files.append((rollout, "rollout"))
+    # The playbooks' own variables sit beside them: playbooks/vars/<prefix>_argument_specs.yml
+    # (rollout_* for site.yml's batches, rollback_* for playbooks/rollback.yml).
+    playbook_specs = sorted((Path(roles_dir).parent / "playbooks" / "vars").glob("*_argument_specs.yml"))
+    files.extend((p, p.name.removesuffix("_argument_specs.yml")) for p in playbook_specs)
     for path, owner in files:
         data = yaml.safe_load(path.read_text()) or {}
         for entry in (data.get("argument_specs") or {}).values():

@@ -93,3 +93,28 @@ def test_the_rollout_variables_are_checked_from_their_spec_beside_the_playbooks(
         "n: rollout_serail is not a variable of any role. Did you mean rollout_serial?",
         "n: rollout_serial must be a list, but the inventory gives str '1'.",
     ]
+
+
+def test_the_rollback_variables_are_checked_from_their_own_spec_file(tmp_path: Path) -> None:
+    (tmp_path / "roles").mkdir()
+    (tmp_path / "playbooks" / "vars").mkdir(parents=True)
+    (tmp_path / "playbooks" / "vars" / "rollback_argument_specs.yml").write_text(
+        "argument_specs:\n  main:\n    options:\n"
+        "      rollback_to: {type: str, choices: [sglang, previous_vllm]}\n"
+        "      rollback_ddtree_patch: {type: raw}\n"
+    )
+    hv = {"ansible_host": "h", "rollback_to": "previous", "rollback_too": "sglang", "rollback_ddtree_patch": "true"}
+    assert inventory_problems(hv, "n", str(tmp_path / "roles")) == [
+        "n: rollback_to is 'previous'; it must be one of: sglang, previous_vllm.",
+        "n: rollback_too is not a variable of any role. Did you mean rollback_to?",
+    ]
+    assert inventory_problems({"ansible_host": "h", "rollback_to": "previous_vllm"}, "n", str(tmp_path / "roles")) == []
+
+
+def test_the_repository_s_rollback_spec_accepts_both_targets_and_nothing_else() -> None:
+    roles = str(Path(__file__).resolve().parents[2] / "roles")
+    for good in ("sglang", "previous_vllm"):
+        assert inventory_problems({"ansible_host": "h", "rollback_to": good}, "n", roles) == []
+    assert inventory_problems({"ansible_host": "h", "rollback_to": "vllm"}, "n", roles) == [
+        "n: rollback_to is 'vllm'; it must be one of: sglang, previous_vllm."
+    ]
