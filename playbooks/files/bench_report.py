@@ -6,7 +6,7 @@
 RUN.json and BASE.json are what bench.yml stores per host (reports/bench/<host>/<label>.json).
 With a baseline it writes the comparison (each figure side by side with its ratio, current over
 baseline) and plots both runs in one PNG; without, the PNG shows the run alone. Prints one JSON
-line (the comparison's summary, or null) for the playbook. Plots need matplotlib (requirements.txt);
+line (the comparison's summary and settings_differ, or null) for the playbook. Plots need matplotlib (requirements.txt);
 the comparison needs only the standard library.
 """
 
@@ -32,7 +32,7 @@ LEVEL_FIGURES = {
     "mean_acceptance_length": (("mean_acceptance_length",), True),
 }
 # Settings that must match for the figures to be comparable.
-COMPARABLE_SETTINGS = ("max_tokens", "ignore_eos", "prompts", "prompt_set_sha256")
+COMPARABLE_SETTINGS = ("max_tokens", "ignore_eos", "prompts", "prompt_set_sha256", "concurrency")
 
 
 class ReportError(ValueError):
@@ -184,7 +184,8 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 3
-    print(json.dumps(comparison["summary"] if comparison else None))
+    shown = {k: comparison[k] for k in ("summary", "settings_differ")} if comparison else None
+    print(json.dumps(shown))
     return 0
 
 

@@ -129,9 +129,10 @@ def test_main_writes_comparison_and_png(tmp_path, capsys):
     argv += ["--baseline", str(tmp_path / "baseline.json"), "--compare-out", str(tmp_path / "vllm-vs-baseline.json")]
     assert bench_report.main(argv) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert printed["peak_throughput_tok_s"]["ratio"] == 3.571
+    assert printed["summary"]["peak_throughput_tok_s"]["ratio"] == 3.571
+    assert printed["settings_differ"] == []
     written = json.loads((tmp_path / "vllm-vs-baseline.json").read_text())
-    assert written["summary"] == printed
+    assert written["summary"] == printed["summary"]
     assert (tmp_path / "vllm.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
