@@ -2,8 +2,8 @@
 """Test double for the inference engines (SGLang and vLLM) on lab nodes that have no GPU.
 
 It speaks the small part of the OpenAI-compatible HTTP API that the deployment checks
-(/health, /v1/models, /v1/completions, /metrics, /version), parses the engine's own command
-line, and, while it runs, "holds" the fake GPUs by writing a holder file that the fake
+(/health, /v1/models, /v1/completions with and without `stream: true` server-sent events,
+/metrics, /version), parses the engine's own command line, and, while it runs, "holds" the fake GPUs by writing a holder file that the fake
 nvidia-smi adds to its memory.used, so waiting for the GPUs to be free is tested for real.
 
     inference_server.py sglang --model-path DIR ...        plays `python -m sglang.launch_server`
@@ -15,6 +15,12 @@ As vLLM it refuses what vLLM 0.20.1 refuses (a model directory without config.js
 speculative tokens than the drafter's block holds (N > block_size - 1), which real vLLM runs
 with silently degraded acceptance. /metrics carries vLLM's spec-decode counters under their real
 names. The API key comes from --api-key or VLLM_API_KEY and guards /v1/* only, as in vLLM.
+
+Speed: generation takes time the way a memory-bound decoder's does. Every target step lasts
+TARGET_STEP_S (longer by BATCH_STEP_COST per other request in flight) and yields the bonus token plus
+the accepted share of the engine's speculative tokens: vLLM's --speculative-config
+num_speculative_tokens, SGLang's --speculative-num-steps (MTP). So the same prompt runs at different
+speeds on the two engines, from their own command lines, and the low_acceptance knob slows vLLM.
 
 Failure knobs, read at start from /etc/lab-fakes/engine-knobs.json: top-level keys apply to every
 engine, a section named after the engine ("vllm", "sglang") overrides them for that engine only:
@@ -35,6 +41,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -44,6 +51,14 @@ KNOBS_FILE = Path(os.environ.get("LAB_FAKES_KNOBS", "/etc/lab-fakes/engine-knobs
 # What one H200 of the captured fixtures has (143771 MiB) times SGLang's default
 # --mem-fraction-static 0.88: the order of what a serving engine really holds.
 HELD_MIB_PER_GPU = 126518
+# One target step reads the weights once: Qwen3.6-27B's ~55.6 GB of bf16 over an H200's ~4.8 TB/s.
+TARGET_STEP_S = 0.0116
+# Decode is memory-bound: each other request in the same batch makes a step only this much longer.
+BATCH_STEP_COST = 0.08
+# Prefill of a short prompt: one step plus this per prompt word.
+PREFILL_S_PER_WORD = 0.0002
+# The stand-in's longest completion, whatever max_tokens asks.
+MAX_COMPLETION_TOKENS = 256
 
 
 class Refusal(Exception):
@@ -65,6 +80,8 @@ class Engine:
     started: float = field(default_factory=time.time)
     max_model_len: int | None = None
     speculative_raw: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    in_flight: int = 0
 
     def check(self) -> None:
         if not Path(self.model_path, "config.json").is_file():
@@ -76,8 +93,43 @@ class Engine:
     def on_completion(self, tokens: int) -> None:
         self.counters["generation_tokens"] = self.counters.get("generation_tokens", 0) + tokens
 
+    def speculative_tokens(self) -> int:
+        """Draft tokens the engine proposes per target step (0: no speculation)."""
+        return 0
+
+    def accepted_share(self) -> float:
+        return HEALTHY_ACCEPT_SHARE
+
+    def tokens_per_step(self) -> float:
+        """The bonus token plus the accepted part of the draft."""
+        n = self.speculative_tokens()
+        return 1.0 + max(0.0, min(float(n), self.accepted_share() * n))
+
+    def generate(self, prompt: str, max_tokens: int) -> Iterator[tuple[str, int]]:
+        """(text, tokens) per target step, each after the step's time; the counters move at the end."""
+        words = completion_words(prompt, max_tokens)
+        with self.lock:
+            self.in_flight += 1
+        try:
+            time.sleep(TARGET_STEP_S + PREFILL_S_PER_WORD * len(prompt.split()))
+            per_step, done, step = self.tokens_per_step(), 0, 0
+            while done < len(words):
+                with self.lock:
+                    others = self.in_flight - 1
+                time.sleep(TARGET_STEP_S * (1 + BATCH_STEP_COST * others))
+                step += 1
+                upto = min(len(words), max(done + 1, round(step * per_step)))
+                yield " " + " ".join(words[done:upto]), upto - done
+                done = upto
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+                self.on_completion(len(words))
+
 
 class SGLang(Engine):
+    mtp_steps: int = 0
+
     @classmethod
     def from_argv(cls, argv: list[str]) -> SGLang:
         p = argparse.ArgumentParser(prog="sglang.launch_server", allow_abbrev=False)
@@ -100,7 +152,7 @@ class SGLang(Engine):
         ):
             p.add_argument(flag)
         a = p.parse_args(argv)
-        return cls(
+        engine = cls(
             name="sglang",
             model_path=a.model_path,
             served_name=a.served_model_name or a.model_path,
@@ -109,6 +161,15 @@ class SGLang(Engine):
             gpus=list(range(a.tp_size)),
             api_key=a.api_key or os.environ.get("SGLANG_API_KEY"),
         )
+        if a.speculative_algo and a.speculative_num_steps:
+            try:
+                engine.mtp_steps = int(a.speculative_num_steps)
+            except ValueError:
+                raise Refusal(f"--speculative-num-steps must be an integer, not {a.speculative_num_steps!r}") from None
+        return engine
+
+    def speculative_tokens(self) -> int:
+        return self.mtp_steps
 
     def metrics(self) -> str:
         tokens = self.counters.get("generation_tokens", 0)
@@ -251,6 +312,12 @@ class VLLM(Engine):
                     " max_num_seqs."
                 )
 
+    def speculative_tokens(self) -> int:
+        return int(self.speculative["num_speculative_tokens"]) if self.speculative else 0
+
+    def accepted_share(self) -> float:
+        return self.accept_share
+
     def on_completion(self, tokens: int) -> None:
         super().on_completion(tokens)
         if not self.speculative:
@@ -311,11 +378,10 @@ def load_knobs(engine: str) -> dict:
     return knobs
 
 
-def completion_text(prompt: str, max_tokens: int) -> tuple[str, int]:
-    """A deterministic, non-empty continuation: the same prompt always gives the same text."""
+def completion_words(prompt: str, max_tokens: int) -> list[str]:
+    """A deterministic, non-empty continuation, one word per token: the same prompt, the same text."""
     words = [w for w in prompt.split() if w] or ["token"]
-    out = [words[i % len(words)] for i in range(max(1, min(max_tokens, 64)))]
-    return " " + " ".join(out), len(out)
+    return [words[i % len(words)] for i in range(max(1, min(max_tokens, MAX_COMPLETION_TOKENS)))]
 
 
 class Holder:
@@ -337,6 +403,7 @@ class Holder:
 def make_handler(engine: Engine, ready: threading.Event):
     class Handler(BaseHTTPRequestHandler):
         server_version = f"lab-fake-{engine.name}"
+        disable_nagle_algorithm = True  # as the engines' servers do: each streamed chunk leaves at once
 
         def log_message(self, fmt: str, *args: object) -> None:
             sys.stderr.write(f"{self.command} {self.path} -> {args[1] if len(args) > 1 else ''}\n")
@@ -388,17 +455,50 @@ def make_handler(engine: Engine, ready: threading.Event):
             if self.path != "/v1/completions":
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
                 return
-            text, n = completion_text(str(req.get("prompt", "")), int(req.get("max_tokens", 16)))
-            engine.on_completion(n)
+            steps = engine.generate(str(req.get("prompt", "")), int(req.get("max_tokens", 16)))
+            if req.get("stream"):
+                self._stream(steps, bool((req.get("stream_options") or {}).get("include_usage")))
+                return
+            parts = list(steps)
+            n = sum(tokens for _, tokens in parts)
             self._send(
                 200,
                 {
                     "object": "text_completion",
                     "model": engine.served_name,
-                    "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+                    "choices": [{"index": 0, "text": "".join(t for t, _ in parts), "finish_reason": "length"}],
                     "usage": {"completion_tokens": n},
                 },
             )
+
+        def _stream(self, steps: Iterator[tuple[str, int]], include_usage: bool) -> None:
+            """Server-sent events as vLLM sends them: one chunk per step, usage last when asked, [DONE]."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+
+            def event(body: dict | str) -> None:
+                data = body if isinstance(body, str) else json.dumps(body)
+                self.wfile.write(f"data: {data}\n\n".encode())
+                self.wfile.flush()
+
+            n = 0
+            for text, tokens in steps:
+                n += tokens
+                choice = {"index": 0, "text": text, "finish_reason": None}
+                event({"object": "text_completion", "model": engine.served_name, "choices": [choice]})
+            last = {"index": 0, "text": "", "finish_reason": "length"}
+            event({"object": "text_completion", "model": engine.served_name, "choices": [last]})
+            if include_usage:
+                event(
+                    {
+                        "object": "text_completion",
+                        "model": engine.served_name,
+                        "choices": [],
+                        "usage": {"completion_tokens": n},
+                    }
+                )
+            event("[DONE]")
 
     return Handler
 
