@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,15 +14,6 @@ _spec = importlib.util.spec_from_file_location("inference_server", REPO / "tests
 fake = importlib.util.module_from_spec(_spec)
 sys.modules["inference_server"] = fake
 _spec.loader.exec_module(fake)
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("models") / "Qwen3.6-27B"
-    subprocess.run(
-        [sys.executable, str(REPO / "tests/fakes/target_model.py"), str(path)], check=True, capture_output=True
-    )
-    return path
 
 
 @pytest.fixture

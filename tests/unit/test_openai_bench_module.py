@@ -19,7 +19,6 @@ from ansible.module_utils.testing import patch_module_args
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER = REPO / "tests" / "fakes" / "inference_server.py"
-TARGET_MODEL = REPO / "tests" / "fakes" / "target_model.py"
 KEY = "sk-bench-7f3a91"
 PROMPTS = ["one two three four", "five six seven"]
 
@@ -33,13 +32,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("models") / "Qwen3.6-27B"
-    subprocess.run([sys.executable, str(TARGET_MODEL), str(path)], check=True, capture_output=True)
-    return path
 
 
 @pytest.fixture
@@ -62,6 +54,7 @@ def serve(tmp_path, target):
         if engine == "vllm":
             cfg = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 15}
             argv = ["vllm", "serve", str(target), "--port", str(port), "--speculative-config", json.dumps(cfg)]
+            argv += ["--max-num-seqs", "32", "--max-num-batched-tokens", "16384"]  # as service_swap renders
         else:
             argv = ["sglang", "--model-path", str(target), "--port", str(port)]
             argv += ["--speculative-algo", "NEXTN", "--speculative-num-steps", "3"]

@@ -17,7 +17,6 @@ from ansible.module_utils.testing import patch_module_args
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER = REPO / "tests" / "fakes" / "inference_server.py"
-TARGET_MODEL = REPO / "tests" / "fakes" / "target_model.py"
 KEY = "sk-unit-0b9c4e"
 
 
@@ -25,13 +24,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("models") / "Qwen3.6-27B"
-    subprocess.run([sys.executable, str(TARGET_MODEL), str(path)], check=True, capture_output=True)
-    return path
 
 
 @pytest.fixture
@@ -56,6 +48,7 @@ def vllm(tmp_path, target):
         if spec:
             cfg = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 15}
             argv += ["--speculative-config", json.dumps(cfg)]
+            argv += ["--max-num-seqs", "32", "--max-num-batched-tokens", "16384"]  # as service_swap renders
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 10

@@ -70,6 +70,16 @@ def render(dirs: dict[str, Path], target: str, *extra: str) -> list[str]:
     return text[start:end].split("\n")
 
 
+def preflight(dirs: dict[str, Path], *extra: str) -> subprocess.CompletedProcess:
+    """Only the role's preflight tasks, against localhost."""
+    play = dirs["tmp"] / "preflight.yml"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: preflight.yml}\n"
+    )
+    return ansible(dirs["tmp"], str(play), *extra)
+
+
 def test_hybrid_target_dflash(dirs):
     t = dirs["hybrid"]
     assert render(dirs, "hybrid") == [
@@ -146,24 +156,14 @@ def test_systemd_specifiers_and_spaces_are_escaped(dirs):
     ],
 )
 def test_preflight_refuses_inconsistent_settings(dirs, extra, message):
-    play = dirs["tmp"] / "preflight.yml"
-    play.write_text(
-        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
-        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: preflight.yml}\n"
-    )
-    res = ansible(dirs["tmp"], str(play), *extra)
+    res = preflight(dirs, *extra)
     assert res.returncode == 2
     assert "service_swap settings are inconsistent" in res.stdout
     assert message in res.stdout
 
 
 def test_preflight_refuses_a_ddtree_budget_below_the_depth(dirs):
-    play = dirs["tmp"] / "preflight.yml"
-    play.write_text(
-        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
-        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: preflight.yml}\n"
-    )
-    res = ansible(dirs["tmp"], str(play), "-e", "service_swap_spec_method=ddtree", "-e", "service_swap_ddtree_budget=8")
+    res = preflight(dirs, "-e", "service_swap_spec_method=ddtree", "-e", "service_swap_ddtree_budget=8")
     assert res.returncode == 2
     assert "a DDTree budget is at least num_speculative_tokens (the tree's depth)" in res.stdout
 
@@ -187,26 +187,15 @@ def test_preflight_refuses_a_ddtree_budget_below_the_depth(dirs):
     ],
 )
 def test_preflight_refuses_scheduler_limits_vllm_would_refuse(dirs, extra, message):
-    play = dirs["tmp"] / "preflight.yml"
-    play.write_text(
-        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
-        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: preflight.yml}\n"
-    )
-    res = ansible(dirs["tmp"], str(play), *extra)
+    res = preflight(dirs, *extra)
     assert res.returncode == 2
     assert "vLLM would refuse to start" in res.stdout
     assert message in " ".join(res.stdout.split())
 
 
 def test_preflight_names_every_missing_file_after_valid_settings(dirs):
-    play = dirs["tmp"] / "preflight.yml"
-    play.write_text(
-        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
-        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: preflight.yml}\n"
-    )
-    res = ansible(
-        dirs["tmp"],
-        str(play),
+    res = preflight(
+        dirs,
         "-e",
         f"service_swap_venv={dirs['tmp']}/venv",
         "-e",
@@ -225,12 +214,7 @@ def test_preflight_names_every_missing_file_after_valid_settings(dirs):
 
 
 def test_preflight_refuses_an_api_key_unfit_for_an_environment_file(dirs):
-    play = dirs["tmp"] / "preflight.yml"
-    play.write_text(
-        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
-        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: preflight.yml}\n"
-    )
-    res = ansible(dirs["tmp"], str(play), "-e", '{"service_swap_api_key": "two words"}')
+    res = preflight(dirs, "-e", '{"service_swap_api_key": "two words"}')
     assert res.returncode == 2
     assert "service_swap_api_key must be a string without whitespace, quotes or backslashes" in res.stdout
     assert "two words" not in res.stdout
