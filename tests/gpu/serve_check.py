@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import os
 import signal
@@ -35,7 +34,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from in_process import run_module  # tests/gpu/, beside this script
 
 
 def unit_values(text: str, key: str) -> list[str]:
@@ -95,21 +94,6 @@ def http_status(url: str, headers: dict | None = None, timeout: float = 5) -> in
         return None
 
 
-def run_probe(args: dict) -> dict:
-    """library/openai_probe.py run in-process, the way Ansible runs it on a node."""
-    import ansible.module_utils
-    from ansible.module_utils.testing import patch_module_args
-
-    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
-    sys.path.insert(0, str(REPO / "library"))
-    import openai_probe
-
-    out = io.StringIO()
-    with patch_module_args(args), contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        openai_probe.main()
-    return json.loads(out.getvalue())
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--unit", required=True, help="unit file rendered by service_swap")
@@ -153,7 +137,7 @@ def main() -> int:
         result["exit_code_before_healthy"] = proc.poll()
         if status == 200:
             probe_args = {"url": a.url, "api_key": a.api_key, "requests": a.requests, "max_tokens": 64}
-            result["probe"] = run_probe(probe_args)
+            result["probe"] = run_module("openai_probe", probe_args)
             result["models_without_key_status"] = http_status(a.url + "/v1/models")
             result["models_with_key_status"] = http_status(
                 a.url + "/v1/models", {"Authorization": f"Bearer {a.api_key}"}

@@ -15,29 +15,13 @@ drafter model and (for ddtree) tree attention with the venv's own Python. Writes
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def run_module(args: dict) -> dict:
-    import ansible.module_utils
-    from ansible.module_utils.testing import patch_module_args
-
-    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
-    sys.path.insert(0, str(REPO / "library"))
-    import vllm_venv_info
-
-    out = io.StringIO()
-    with patch_module_args(args), contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        vllm_venv_info.main()
-    return json.loads(out.getvalue())
+from in_process import run_module  # tests/gpu/, beside this script
 
 
 def main() -> int:
@@ -49,13 +33,14 @@ def main() -> int:
     opts = parser.parse_args()
 
     result = run_module(
+        "vllm_venv_info",
         {
             "venv": opts.venv,
             "method": opts.method,
             "expected_version": opts.expected_version,
             "verify_import": True,
             "require": True,
-        }
+        },
     )
     smi = shutil.which("nvidia-smi")
     gpu = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False).stdout.strip() if smi else None
