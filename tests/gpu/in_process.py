@@ -1,0 +1,31 @@
+"""Run one of the project's Ansible modules in this Python process, as Ansible runs it on a node.
+
+The GPU checks use it where no Ansible controller is at hand: only ansible-core must be importable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_module(name: str, args: dict) -> dict:
+    """``library/<name>.py`` with ``args`` as its parameters; returns the JSON it prints."""
+    import ansible.module_utils
+    from ansible.module_utils.testing import patch_module_args
+
+    if str(REPO / "module_utils") not in ansible.module_utils.__path__:
+        ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+    if str(REPO / "library") not in sys.path:
+        sys.path.insert(0, str(REPO / "library"))
+    module = importlib.import_module(name)
+    out = io.StringIO()
+    with patch_module_args(args), contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        module.main()
+    return json.loads(out.getvalue())
