@@ -317,3 +317,55 @@ def test_bad_index_files(tmp_path, index, message):
     (tmp_path / "model.safetensors.index.json").write_text(index)
     with pytest.raises(SafetensorsError, match=re.escape(message)):
         inspect_path(str(tmp_path))
+
+
+def test_directory_given_as_a_file_and_bad_checksum_values(tmp_path):
+    """inspect_path tells files from directories by one open and fstat; the messages are unchanged."""
+    write_real(tmp_path / "model.safetensors", {"w": (2,)})
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SafetensorsError, match=re.escape(f"{tmp_path}: is a directory, expected a .safetensors file")):
+        read_file_header(str(tmp_path))
+    bad = "checksum must be 'none' or 'sha256', not 'md5'"
+    for call in (
+        lambda: read_file_header(str(tmp_path), "md5"),
+        lambda: read_file_header(str(tmp_path / "nope"), "md5"),
+        lambda: inspect_path(str(tmp_path / "model.safetensors"), "md5"),
+        lambda: inspect_path(str(tmp_path / "nope"), "md5"),
+        lambda: inspect_path(str(tmp_path), "md5"),
+    ):
+        with pytest.raises(SafetensorsError, match=re.escape(bad)):
+            call()
+    # A directory is listed before the checksum value matters, as before.
+    with pytest.raises(SafetensorsError, match=r"no \.safetensors file"):
+        inspect_path(str(empty), "md5")
+
+
+def test_directory_that_cannot_be_opened_is_still_listed(tmp_path, monkeypatch):
+    """open() of a directory can fail (no read permission) where listing it may not: no file error then."""
+    import ansible.module_utils.safetensors_header as sh
+
+    write_real(tmp_path / "model.safetensors", {"w": (2,)})
+    real_open = sh.os.open
+
+    def refuse_dir(path, flags, *args):
+        if str(path) == str(tmp_path):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(sh.os, "open", refuse_dir)
+    assert list(inspect_path(str(tmp_path)).tensors) == ["w"]
+    with pytest.raises(SafetensorsError, match=re.escape(f"{tmp_path}: cannot read: Permission denied")):
+        read_file_header(str(tmp_path))
+
+
+@pytest.mark.parametrize("extra", [-1, 0, 1, 100_000])
+def test_header_around_the_first_read(tmp_path, extra):
+    """Headers ending just inside, at, and past the first read, and far past it, parse alike."""
+    import ansible.module_utils.safetensors_header as sh
+
+    raw = json.dumps({"w": _entry()}).encode()
+    header = raw + b" " * (sh._FIRST_READ - 8 - len(raw) + extra)
+    path = write_raw(tmp_path / "p.safetensors", header, 8)
+    fh = read_file_header(str(path))
+    assert (fh.header_len, fh.tensors["w"].shape) == (len(header), (2,))
