@@ -6,10 +6,10 @@ directory: a 1 MB file, a 3.46 GB file with the Qwen3.6-27B-DFlash drafter's ten
 ~57 GB 12-shard checkpoint shaped like a 27B target plus its index. For each it lists every
 tensor's name and shape, once with ``module_utils.safetensors_header.inspect_path`` (which
 also validates every header and the index) and once with ``safetensors.safe_open`` (the
-baseline: open each shard the index names, read keys and each slice's shape), and prints
-the median of the repeats and the ratio ours / baseline.
+baseline: open each shard the index names, read keys and each slice's shape), interleaved,
+and prints the median and the minimum of the repeats and the ratios ours / baseline.
 
-Run from the repository root:  python3 benchmarks/safetensors_inspect.py [--repeats 21] [--dir /tmp]
+Run from the repository root:  python3 benchmarks/safetensors_inspect.py [--repeats 1001] [--dir /tmp]
 """
 
 from __future__ import annotations
@@ -75,18 +75,32 @@ def baseline(path: Path) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def measure(path: Path, repeats: int) -> tuple[float, float]:
-    """Median seconds of ours and of the baseline, interleaved so machine noise hits both alike."""
+def measure(path: Path, repeats: int) -> tuple[list[float], list[float]]:
+    """Seconds per listing of ours and of the baseline, interleaved so machine noise hits both alike.
+
+    Which of the two runs first alternates from one repeat to the next, so neither always runs
+    right after the other (whose work leaves the CPU caches colder for the next).
+    """
     mine, base = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        ours(path)
-        t1 = time.perf_counter()
-        baseline(path)
-        t2 = time.perf_counter()
-        mine.append(t1 - t0)
-        base.append(t2 - t1)
-    return statistics.median(mine), statistics.median(base)
+    clock = time.perf_counter
+    for i in range(repeats):
+        if i % 2:
+            t0 = clock()
+            ours(path)
+            t1 = clock()
+            baseline(path)
+            t2 = clock()
+            mine.append(t1 - t0)
+            base.append(t2 - t1)
+        else:
+            t0 = clock()
+            baseline(path)
+            t1 = clock()
+            ours(path)
+            t2 = clock()
+            base.append(t1 - t0)
+            mine.append(t2 - t1)
+    return mine, base
 
 
 def size_of(path: Path) -> int:
@@ -102,7 +116,7 @@ def disk_of(path: Path) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=201)
+    ap.add_argument("--repeats", type=int, default=1001)
     ap.add_argument("--dir", default=None, help="where to build the sparse files (default: a temp dir)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
@@ -112,15 +126,18 @@ def main() -> int:
             ("drafter 3.46 GB file", write_sparse(root / "drafter.safetensors", QWEN36_27B_DFLASH)),
             ("target 12 shards", write_sharded(root / "target", target_shapes(), shards=12)),
         ]
-        print(f"python {sys.version.split()[0]}, {a.repeats} repeats, median wall time per full listing")
-        print(f"{'case':24} {'size GB':>8} {'on disk MB':>10} {'tensors':>8}", end="")
-        print(f" {'ours ms':>9} {'safe_open ms':>12} {'ratio':>6}")
+        print(f"python {sys.version.split()[0]}, {a.repeats} repeats, wall time per full listing (median / min)")
+        print(f"{'case':22} {'size GB':>7} {'on disk MB':>10} {'tensors':>7}", end="")
+        print(f" {'ours ms':>13} {'safe_open ms':>13} {'ratio median':>12} {'ratio min':>9}")
         for label, path in cases:
             assert ours(path) == baseline(path), f"{label}: listings differ"
-            t_ours, t_base = measure(path, a.repeats)
+            mine, base = measure(path, a.repeats)
+            m_med, m_min = statistics.median(mine), min(mine)
+            b_med, b_min = statistics.median(base), min(base)
             print(
-                f"{label:24} {size_of(path) / 1e9:8.2f} {disk_of(path) / 1e6:10.2f} {len(ours(path)):8d}"
-                f" {t_ours * 1e3:9.2f} {t_base * 1e3:12.2f} {t_ours / t_base:6.2f}"
+                f"{label:22} {size_of(path) / 1e9:7.2f} {disk_of(path) / 1e6:10.2f} {len(ours(path)):7d}"
+                f" {m_med * 1e3:6.3f}/{m_min * 1e3:6.3f} {b_med * 1e3:6.3f}/{b_min * 1e3:6.3f}"
+                f" {m_med / b_med:12.2f} {m_min / b_min:9.2f}"
             )
     return 0
 
