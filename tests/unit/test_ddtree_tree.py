@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import math
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -33,8 +34,14 @@ def _load() -> ModuleType:
     return module
 
 
+if not torch.cuda.is_available():
+    # The Triton kernels run in Triton's interpreter on the CPU (slowly: the kernel tests use small
+    # shapes). Triton reads this when first imported; tests/conftest.py sets it before anything
+    # imports Triton, this covers a run of this file alone without it.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 dt = _load()
 INF = float("inf")
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def _logits(*rows_per_request: list[list[float]]) -> torch.Tensor:
@@ -484,25 +491,99 @@ def test_walk_rejects_bad_targets(target: torch.Tensor) -> None:
         dt.walk_trees(tree, target)
 
 
+# --- the Triton kernels (interpreted on a CPU, compiled on a GPU) -----------------------------------
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+KERNEL_CASES = [
+    # (seed, batch, depth, vocab, budget, ties)
+    (11, 2, 3, 7, 10, False),
+    (12, 2, 4, 3, 40, False),  # budget > vocab: every depth keeps whole vocabularies
+    (13, 2, 5, 50, 64, True),  # equal logits and equal prefix scores
+]
+
+
+def _kernel_oracle(logits_b: torch.Tensor, budget: int) -> ref.HeapTree:
+    """The heap over the numbers the kernels build from, after checking those numbers independently."""
+    k = min(budget, logits_b.shape[-1])
+    ids, logp = dt.ranked_logprobs(logits_b, k, kernels=True)
+    ranked = [ref.rank_tokens(row)[:k] for row in logits_b.float().cpu().tolist()]
+    assert ids.cpu().tolist() == ranked
+    expected = torch.log_softmax(logits_b.float(), dim=-1).gather(1, ids)
+    torch.testing.assert_close(logp, expected, rtol=0, atol=1e-5)
+    return ref.heap_tree(logp.cpu().tolist(), ids.cpu().tolist(), budget)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
+@pytest.mark.parametrize(("seed", "batch", "depth", "vocab", "budget", "ties"), KERNEL_CASES)
+def test_kernels_build_and_walk_match_the_heap_reference(
+    seed: int, batch: int, depth: int, vocab: int, budget: int, ties: bool
+) -> None:
+    logits = _random_logits(seed, batch, depth, vocab, ties=ties).to(DEVICE)
+    tree = dt.build_trees(logits, budget, kernels=True)
+    ops = dt.build_trees(logits, budget, kernels=False)
+    gen = torch.Generator().manual_seed(seed)
+    targets = [_targets_along_tree(tree, b, vocab, gen, 0.7) for b in range(batch)]
+    walk = dt.walk_trees(tree, torch.tensor(targets).to(DEVICE), kernels=True)
+    for b in range(batch):
+        heap = _kernel_oracle(logits[b], budget)
+        assert tree.tokens[b].tolist() == heap.tokens
+        assert tree.depth[b].tolist() == heap.depths
+        assert tree.parent[b].tolist() == heap.parents
+        assert tree.scores[b].tolist() == heap.scores
+        assert tree.ancestor_mask[b].tolist() == ref.visibility(heap.parents)
+        assert tree.position_offsets[b].tolist() == [0, *heap.depths]
+        accepted, bonus = ref.walk(ref.child_maps(heap.tokens, heap.parents), targets[b])
+        assert walk.accepted_nodes[b].tolist() == accepted + [-1] * (depth - len(accepted))
+        assert walk.num_accepted[b].item() == len(accepted)
+        assert walk.bonus_tokens[b].item() == bonus
+    for name in ("tokens", "depth", "parent", "ancestor_mask", "position_offsets"):
+        assert getattr(tree, name).dtype == getattr(ops, name).dtype, name
+    assert walk.accepted_nodes.dtype == torch.int64 and walk.bonus_tokens.dtype == torch.int64
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
+def test_kernels_walk_a_hand_written_tree() -> None:
+    # Root -> 5 -> 7, root -> 6: the target picks 5 at the root and 7 after it, bonus 9.
+    tree = dt.DDTree(
+        tokens=torch.tensor([[5, 6, 7]], device=DEVICE),
+        depth=torch.tensor([[1, 1, 2]], device=DEVICE),
+        parent=torch.tensor([[-1, -1, 0]], device=DEVICE),
+        scores=torch.zeros(1, 3, device=DEVICE),
+        ancestor_mask=torch.zeros(1, 4, 4, dtype=torch.bool, device=DEVICE),  # the walk does not read it
+        position_offsets=torch.tensor([[0, 1, 1, 2]], device=DEVICE),
+        num_depths=2,
+    )
+    cases = [([5, 7, 1, 9], [0, 2], 2, 9), ([6, 2, 3, 4], [1, -1], 1, 3), ([8, 7, 1, 9], [-1, -1], 0, 8)]
+    for target, nodes, count, bonus in cases:
+        walk = dt.walk_trees(tree, torch.tensor([target]).to(DEVICE), kernels=True)
+        assert walk.accepted_nodes.tolist() == [nodes]
+        assert walk.num_accepted.tolist() == [count]
+        assert walk.bonus_tokens.tolist() == [bonus]
+
+
 # --- same result on a GPU (runs where CUDA is present) --------------------------------------------
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize(
+    "kernels", [False, pytest.param(True, marks=pytest.mark.skipif(not HAS_TRITON, reason="needs Triton"))]
+)
 @pytest.mark.parametrize("ties", [False, True])
-def test_cuda_matches_heap_reference(ties: bool) -> None:
+def test_cuda_matches_heap_reference(ties: bool, kernels: bool) -> None:
     logits = _random_logits(5, 4, 15, 248320, ties=ties).cuda()
+    oracle = _kernel_oracle if kernels else _oracle  # each over the log-probs its build used
     for budget in (1, 16, 64, 256):
-        tree = dt.build_trees(logits, budget)
+        tree = dt.build_trees(logits, budget, kernels=kernels)
         assert tree.tokens.is_cuda and tree.ancestor_mask.is_cuda
         for b in range(4):
-            heap = _oracle(logits[b], budget)  # log-softmax from the GPU, as the tree used
+            heap = oracle(logits[b], budget)
             assert tree.tokens[b].tolist() == heap.tokens
             assert tree.parent[b].tolist() == heap.parents
             assert tree.scores[b].tolist() == heap.scores
             assert tree.ancestor_mask[b].tolist() == ref.visibility(heap.parents)
         gen = torch.Generator().manual_seed(budget)
         targets = [_targets_along_tree(tree, b, 248320, gen, 0.8) for b in range(4)]
-        walk = dt.walk_trees(tree, torch.tensor(targets).cuda())
+        walk = dt.walk_trees(tree, torch.tensor(targets).cuda(), kernels=kernels)
         for b in range(4):
             maps = ref.child_maps(tree.tokens[b].tolist(), tree.parent[b].tolist())
             accepted, bonus = ref.walk(maps, targets[b])
@@ -517,7 +598,7 @@ def test_graphed_trees_refuse_a_cpu_device() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 def test_graphed_trees_match_eager_calls() -> None:
-    graphed = dt.GraphedTrees(4, 15, 248320, 64)
+    graphed = dt.GraphedTrees(4, 15, 248320, 64)  # the kernels, where Triton is installed
     for seed in range(3):
         logits = _random_logits(seed, 4, 15, 248320, ties=seed == 2).cuda()
         eager = dt.build_trees(logits, 64)

@@ -36,14 +36,50 @@ such tokens have probability 0 and come last).
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import NamedTuple
 
 import torch
 
-__all__ = ["DDTree", "GraphedTrees", "TreeWalk", "build_trees", "walk_trees"]
+__all__ = ["DDTree", "GraphedTrees", "TreeWalk", "build_trees", "ranked_logprobs", "walk_trees"]
+
+_KERNELS: list[ModuleType | None] = []
+
+
+def _kernels() -> ModuleType | None:
+    """``ddtree_kernels`` beside this file (Triton kernels of the same build and walk), or None without Triton."""
+    if not _KERNELS:
+        if importlib.util.find_spec("triton") is None:
+            _KERNELS.append(None)
+        elif __package__:  # inside vLLM: vllm.v1.spec_decode.ddtree_kernels
+            _KERNELS.append(importlib.import_module(f"{__package__}.ddtree_kernels"))
+        else:  # loaded from its file (tests, benchmarks)
+            spec = importlib.util.spec_from_file_location(
+                "ddtree_kernels", Path(__file__).with_name("ddtree_kernels.py")
+            )
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module  # dataclasses look their module up there
+            spec.loader.exec_module(module)
+            _KERNELS.append(module)
+    return _KERNELS[0]
+
+
+def _use_kernels(tensor: torch.Tensor, kernels: bool | None) -> ModuleType | None:
+    """The kernels module when asked for (``True``), or by default on CUDA where Triton is installed."""
+    if kernels is False or (kernels is None and tensor.device.type != "cuda"):
+        return None
+    module = _kernels()
+    if module is None and kernels:
+        raise RuntimeError("kernels=True needs Triton (pip install triton), which is not installed")
+    return module
 
 
 @dataclass(frozen=True)
@@ -189,6 +225,16 @@ def _plan(num_depths: int, vocab: int, budget: int, device: torch.device) -> _Pl
     return plan
 
 
+_EXPAND_PLANS: dict[tuple[int, int, int, str], object] = {}
+
+
+def _expand_plan(fused: ModuleType, num_depths: int, vocab: int, budget: int, device: torch.device) -> object:
+    key = (num_depths, vocab, budget, str(device))
+    if key not in _EXPAND_PLANS:
+        _EXPAND_PLANS[key] = fused.expand_plan(num_depths, min(budget, vocab), budget, _pair_codes, device)
+    return _EXPAND_PLANS[key]
+
+
 def _ranked_top_tokens(logits: torch.Tensor, k: int, slots: torch.Tensor) -> torch.Tensor:
     """Ids ``[R, k]`` of the top ``k`` tokens of each row of ``[R, V]``, by (logit desc, token id asc).
 
@@ -213,6 +259,20 @@ def _ranked_top_tokens(logits: torch.Tensor, k: int, slots: torch.Tensor) -> tor
     values = values.gather(-1, perm)
     perm = values.sort(dim=-1, descending=True, stable=True).indices
     return ids.gather(-1, perm)
+
+
+def ranked_logprobs(rows: torch.Tensor, k: int, *, kernels: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top ``k`` token ids of each row of ``[R, V]`` in rank order, and their float32 log-probabilities.
+
+    What :func:`build_trees` builds from (with the same ``kernels`` choice): the tree is the best-first
+    tree over exactly these numbers.
+    """
+    fused = _use_kernels(rows, kernels)
+    if fused is not None:
+        return fused.ranked_logprobs(rows, k)
+    slots = _plan(1, int(rows.shape[-1]), k, rows.device).slots[:k]
+    top_ids = _ranked_top_tokens(rows, k, slots)
+    return top_ids, torch.log_softmax(rows, dim=-1, dtype=torch.float32).gather(1, top_ids)
 
 
 def _check_build_args(draft_logits: torch.Tensor, budget: int) -> tuple[int, int, int]:
@@ -241,7 +301,7 @@ def _check_build_args(draft_logits: torch.Tensor, budget: int) -> tuple[int, int
     return batch, depth, vocab
 
 
-def build_trees(draft_logits: torch.Tensor, budget: int) -> DDTree:
+def build_trees(draft_logits: torch.Tensor, budget: int, *, kernels: bool | None = None) -> DDTree:
     """Build one DDTree per request from its drafter logits.
 
     Args:
@@ -249,6 +309,11 @@ def build_trees(draft_logits: torch.Tensor, budget: int) -> DDTree:
             request (any float dtype, any device; no NaN, no ``+inf``, each row with a finite logit).
         budget: ``N``, the number of nodes per tree (the root not counted); at most the number of
             distinct prefixes, which any real vocabulary exceeds.
+        kernels: build with the Triton kernels of ``ddtree_kernels`` (five launches) instead of torch
+            operators (about a hundred). Default: on CUDA where Triton is installed. Same trees; the
+            log-probabilities are the logit minus the row's logsumexp, which may differ from
+            ``torch.log_softmax`` in the last bit, so trees can differ where two prefixes tie to
+            within one float32 rounding.
 
     Returns:
         The trees (see :class:`DDTree`): for each request the ``budget`` first prefixes in the order
@@ -261,12 +326,17 @@ def build_trees(draft_logits: torch.Tensor, budget: int) -> DDTree:
     the global first ``budget``.
     """
     batch, num_depths, vocab = _check_build_args(draft_logits, budget)
+    fused = _use_kernels(draft_logits, kernels)
+    if fused is not None:
+        tokens, depth, parent, scores, mask, offsets = fused.build(
+            draft_logits, budget, _expand_plan(fused, num_depths, vocab, budget, draft_logits.device)
+        )
+        return DDTree(tokens, depth, parent, scores, mask, offsets, num_depths)
     plan = _plan(num_depths, vocab, budget, draft_logits.device)
     k = plan.k
 
     rows = draft_logits.reshape(batch * num_depths, vocab)
-    top_ids = _ranked_top_tokens(rows, k, plan.slots[:k])
-    top_logp = torch.log_softmax(rows, dim=-1, dtype=torch.float32).gather(1, top_ids)
+    top_ids, top_logp = ranked_logprobs(rows, k, kernels=False)
     top_logp = top_logp.view(batch, num_depths, k)
 
     # Per depth, its kept prefixes in the order of the module docstring: scores, and the position
@@ -327,13 +397,15 @@ def _ancestor_mask(parent: torch.Tensor, num_depths: int) -> torch.Tensor:
     return reach > 0
 
 
-def walk_trees(tree: DDTree, target_tokens: torch.Tensor) -> TreeWalk:
+def walk_trees(tree: DDTree, target_tokens: torch.Tensor, *, kernels: bool | None = None) -> TreeWalk:
     """Accept the longest root path whose tokens the target chose, and take the target's bonus token.
 
     Args:
         tree: the batch of trees that was verified.
         target_tokens: ``[B, N+1]`` integer tensor over ``[root] + nodes``: ``target_tokens[b, i]`` is
             the token the target chose (argmax when greedy, sampled otherwise) after entry ``i``.
+        kernels: walk with one Triton kernel (default on CUDA where Triton is installed), as in
+            :func:`build_trees`; the result is the same.
 
     Returns:
         :class:`TreeWalk`. From the root, the walk follows the child whose token equals the target's
@@ -358,6 +430,9 @@ def walk_trees(tree: DDTree, target_tokens: torch.Tensor) -> TreeWalk:
         )
     if target_tokens.device != tree.tokens.device:
         raise ValueError(f"target_tokens is on {target_tokens.device}, the tree on {tree.tokens.device}")
+    fused = _use_kernels(target_tokens, kernels)
+    if fused is not None:
+        return TreeWalk(*fused.walk(tree.tokens, tree.parent, tree.depth, tree.num_depths, target_tokens))
 
     mismatch = tree.tokens != target_tokens.gather(1, tree.parent + 1)
     accepted = ~(tree.ancestor_mask[:, 1:, 1:] & mismatch.unsqueeze(1)).any(dim=2)
@@ -396,6 +471,7 @@ class GraphedTrees:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cuda",
         warmup: int = 2,
+        kernels: bool | None = None,
     ) -> None:
         device = torch.device(device)
         if device.type != "cuda":
@@ -408,14 +484,14 @@ class GraphedTrees:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(warmup):
-                    walk_trees(build_trees(self._logits, budget), self._targets)
+                    walk_trees(build_trees(self._logits, budget, kernels=kernels), self._targets, kernels=kernels)
             torch.cuda.current_stream().wait_stream(side)
             self._build_graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self._build_graph):
-                self.tree = build_trees(self._logits, budget)
+                self.tree = build_trees(self._logits, budget, kernels=kernels)
             self._walk_graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self._walk_graph):
-                self.walk_result = walk_trees(self.tree, self._targets)
+                self.walk_result = walk_trees(self.tree, self._targets, kernels=kernels)
 
     def build(self, draft_logits: torch.Tensor) -> DDTree:
         """``build_trees(draft_logits, budget)`` for logits of the captured shape (any dtype is cast)."""
