@@ -39,7 +39,11 @@ TOUCHED = [
     "vllm/v1/spec_decode/dflash.py",
     "vllm/v1/worker/gpu_model_runner.py",
 ]
-ADDED = ["vllm/v1/spec_decode/ddtree.py", "vllm/v1/spec_decode/ddtree_tree.py"]
+ADDED = [
+    "vllm/v1/spec_decode/ddtree.py",
+    "vllm/v1/spec_decode/ddtree_kernels.py",
+    "vllm/v1/spec_decode/ddtree_tree.py",
+]
 
 
 def _wheel() -> Path:
@@ -109,7 +113,7 @@ def test_manifest_names_exactly_these_files_and_pristine_digests():
     assert sorted(entries) == sorted(TOUCHED + ADDED)
     for name, digest in PRISTINE_SHA256.items():
         assert entries[name].pristine_sha256 == digest
-    assert [entries[n].kind for n in ADDED] == ["add", "add"]
+    assert [entries[n].kind for n in ADDED] == ["add", "add", "add"]
 
 
 def test_find_vllm_reads_metadata_without_importing(venv):
@@ -297,7 +301,7 @@ def test_module_check_mode_then_apply_then_idempotent_then_absent(venv, capsys, 
     checked = run_module(args, capsys, check=True, diff=True)
     assert checked["changed"] is True
     assert sorted(checked["changed_files"]) == sorted(TOUCHED + ADDED)
-    assert len(checked["diff"]) == 10
+    assert len(checked["diff"]) == 11
     assert snapshot(site) == before
     assert not (venv / "vllm-changeset.json").exists()
 
