@@ -155,8 +155,16 @@ def bench_one(args: argparse.Namespace, device: torch.device, batch: int, budget
     """Eager figures of ours, the reference's, and whether they agree."""
     logits, tree, targets, walk = _inputs(args, device, batch, budget)
 
-    # Agreement with the exact oracle (float32 scores, as ours); the timed baseline adds in double.
-    ref_trees, ref_walks = reference_step(logits, budget, targets, exact=True)
+    # Agreement with the exact oracle: the heap over the same ranked log-probs ours builds from
+    # (float32 scores, as ours); the timed baseline adds in double and ranks with torch.
+    ids, logp = dt.ranked_logprobs(logits.reshape(batch * args.depth, args.vocab), min(budget, args.vocab))
+    ids, logp = ids.view(batch, args.depth, -1).cpu().tolist(), logp.view(batch, args.depth, -1).cpu().tolist()
+    chosen = targets.cpu().tolist()
+    ref_trees, ref_walks = [], []
+    for b in range(batch):
+        heap = ref.heap_tree(logp[b], ids[b], budget)
+        ref_trees.append((heap.tokens, heap.parents))
+        ref_walks.append(ref.walk(ref.child_maps(heap.tokens, heap.parents), chosen[b]))
     agree = all(
         tree.tokens[b].tolist() == ref_trees[b][0]
         and tree.parent[b].tolist() == ref_trees[b][1]
@@ -165,6 +173,7 @@ def bench_one(args: argparse.Namespace, device: torch.device, batch: int, budget
         and walk.bonus_tokens[b].item() == ref_walks[b][1]
         for b in range(batch)
     )
+    torch_tree = dt.build_trees(logits, budget, kernels=False)
 
     def ours() -> None:
         dt.walk_trees(dt.build_trees(logits, budget), targets)
@@ -176,19 +185,26 @@ def bench_one(args: argparse.Namespace, device: torch.device, batch: int, budget
         "depth": args.depth,
         "dtype": args.dtype,
         "agree": agree,
+        "kernels": dt._use_kernels(logits, None) is not None,
+        "same_tree_as_torch_ops": bool(
+            torch.equal(torch_tree.tokens, tree.tokens) and torch.equal(torch_tree.parent, tree.parent)
+        ),
         "mean_accepted": round(float(walk.num_accepted.float().mean().item()), 3),
         "ours_wall": _summary(_time_wall(ours, device, args.iters, args.warmup)),
     }
     if device.type == "cuda":
         result["ours_events"] = _summary(_time_events(ours, args.iters, args.warmup))
+
+        def torch_ops() -> None:
+            dt.walk_trees(dt.build_trees(logits, budget, kernels=False), targets, kernels=False)
+
+        result["torch_ops_events"] = _summary(_time_events(torch_ops, args.iters, args.warmup))
     # Where the time goes: the vocabulary-wide ranking, and the walk alone.
     rows = logits.reshape(batch * args.depth, args.vocab)
     k = min(budget, args.vocab)
-    slots = torch.arange(k, device=device)
 
     def vocab_phase() -> None:
-        ids = dt._ranked_top_tokens(rows, k, slots)
-        torch.log_softmax(rows, dim=-1, dtype=torch.float32).gather(1, ids)
+        dt.ranked_logprobs(rows, k)
 
     def walk_only() -> None:
         dt.walk_trees(tree, targets)
@@ -237,6 +253,16 @@ def bench_graph(args: argparse.Namespace, device: torch.device, result: dict[str
             and torch.equal(g_walk.bonus_tokens, walk.bonus_tokens)
         )
         result["ours_graph"] = _summary(_time_events(replay, args.iters, args.warmup))
+        if result.get("kernels"):
+            ops = dt.GraphedTrees(
+                batch, args.depth, args.vocab, budget, dtype=logits.dtype, device=device, kernels=False
+            )
+
+            def replay_ops() -> None:
+                ops.build(logits)
+                ops.walk(targets)
+
+            result["torch_ops_graph"] = _summary(_time_events(replay_ops, args.iters, args.warmup))
     except Exception as exc:  # report and go on: the eager figures still stand
         result["graph_error"] = f"{type(exc).__name__}: {exc}"
         return
@@ -313,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"device: {report['device']}  torch {report['torch']}  vocab {args.vocab}  depth {args.depth}")
     header = (
-        f"{'B':>2} {'budget':>6} | {'ours ms':>8} {'graph ms':>8} {'vocab ms':>8} {'walk ms':>8} | "
+        f"{'B':>2} {'budget':>6} | {'ours ms':>8} {'graph ms':>8} {'vocab ms':>8} {'walk ms':>8} {'ops gr.':>8} | "
         f"{'ref ms':>8} | {'ratio':>6} {'graph':>6} | agree"
     )
     print(header)
@@ -327,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r['batch']:>2} {r['budget']:>6} | {r['ours_ms']:>8.3f} "
             f"{graph_ms if graph_ms is not None else '-':>8} "
-            f"{r['vocab_phase_ms']:>8.3f} {r['walk_ms']:>8.3f} | "
+            f"{r['vocab_phase_ms']:>8.3f} {r['walk_ms']:>8.3f} "
+            f"{r.get('torch_ops_graph', {}).get('median_ms', '-'):>8} | "
             f"{r['reference_ms']:>8.3f} | "
             f"{r['ratio']:>6.3f} {graph_ratio if graph_ratio is not None else '-':>6} | "
             f"{r['agree'] and r.get('graph_agree', True)}"
@@ -337,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"graph capture failed for B={r['batch']} budget={r['budget']}: {r['graph_error']}")
     print("\nmedians per step; ours: CUDA events on a GPU, wall clock on CPU; goal <= 0.1x reference, <= 0.5 ms")
     print("vocab ms: top-k ranking + log-softmax over the vocabulary (part of ours); walk ms: walk alone")
+    print("ours: Triton kernels where Triton is installed (kernels column of the JSON); ops gr.: the torch-operator")
+    print("build and walk replayed from CUDA graphs, for comparison")
     print(f"wrote {args.out}")
     ok = all("error" not in r and r["agree"] and r.get("graph_agree", True) for r in results)
     return 0 if ok else 1
