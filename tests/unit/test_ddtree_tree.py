@@ -542,6 +542,28 @@ def test_kernels_build_and_walk_match_the_heap_reference(
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
+@pytest.mark.parametrize("ties", [False, True])
+def test_kernels_rank_few_candidates_and_fall_back_to_ranking_whole_rows(ties: bool, monkeypatch) -> None:
+    kernels = dt._kernels()
+    rows = _random_logits(21, 1, 4, 300, ties=ties).reshape(4, 300).to(DEVICE)
+    if ties:
+        rows[1] = 1.0  # one row of equal logits: every element is a candidate
+    ranked = [ref.rank_tokens(row)[:10] for row in rows.cpu().tolist()]
+    ids, logp, count = kernels._ranked_logprobs(rows, 10)
+    assert ids.cpu().tolist() == ranked
+    assert (count >= 10).all()
+    # Ordinary rows keep a few candidates, far under the whole row: the filter is what ran.
+    assert count[0].item() < 100 and count[2].item() < 100 and count[3].item() < 100
+    if ties:
+        assert count[1].item() == 300
+    monkeypatch.setattr(kernels, "CANDIDATES", 8)  # fewer than k: every row overflows, the fallback ranks it
+    ids_fb, logp_fb, count_fb = kernels._ranked_logprobs(rows, 10)
+    assert (count_fb > 8).all()
+    assert ids_fb.cpu().tolist() == ranked
+    assert torch.equal(logp_fb, logp)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
 def test_kernels_walk_a_hand_written_tree() -> None:
     # Root -> 5 -> 7, root -> 6: the target picks 5 at the root and 7 after it, bonus 9.
     tree = dt.DDTree(
@@ -549,7 +571,9 @@ def test_kernels_walk_a_hand_written_tree() -> None:
         depth=torch.tensor([[1, 1, 2]], device=DEVICE),
         parent=torch.tensor([[-1, -1, 0]], device=DEVICE),
         scores=torch.zeros(1, 3, device=DEVICE),
-        ancestor_mask=torch.zeros(1, 4, 4, dtype=torch.bool, device=DEVICE),  # the walk does not read it
+        ancestor_mask=torch.tensor(
+            [[[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]], dtype=torch.bool, device=DEVICE
+        ),
         position_offsets=torch.tensor([[0, 1, 1, 2]], device=DEVICE),
         num_depths=2,
     )

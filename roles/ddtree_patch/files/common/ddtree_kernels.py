@@ -1,9 +1,9 @@
-"""Triton kernels for one DDTree step: the tree build and the walk in five kernel launches.
+"""Triton kernels for one DDTree step: the tree build and the walk in nine launches, no host sync.
 
 ``ddtree_tree.build_trees`` / ``walk_trees`` define the result (see that module's docstring for
 the order of nodes and the tie rules); on CUDA they call the kernels here, which compute the same
-trees with a handful of launches instead of about a hundred small torch operators. On a GPU the
-launches, not the arithmetic, were the cost of a step.
+trees with a few launches instead of about a hundred small torch operators. On a GPU the
+launches, and then ranking the whole vocabulary, were the cost of a step.
 
 How ties stay exact: every comparison is made on one int64 key, the float32 value's bits mapped
 to an order-preserving signed integer in the high half and ``2**32 - 1 - index`` in the low half,
@@ -12,16 +12,19 @@ the order of a stable descending sort, which the torch code uses.
 
 Kernels, in launch order:
 
-1. ``_chunk_top_keys``: per (row, chunk of the vocabulary) the top ``K2`` keys of (logit, token
-   id), and the chunk's max and sum of exponentials for the row's logsumexp;
-2. ``_merge_top_keys`` (only when one row has too many chunk keys for one program): merges
-   groups of chunks' keys;
-3. ``_rank_rows``: per row the top ``k`` token ids in rank order and their log-probabilities
-   (logit minus the row's logsumexp, float32);
-4. ``_expand``: per request the best-first tree: per depth the kept prefixes (stable top of the
-   candidate (parent, rank) pairs), then the global order over all depths; writes tokens,
-   depths, parents, scores and position offsets;
-5. ``_ancestors``: the ancestor-or-self mask over ``[root] + nodes``.
+1. ``_chunk_stats``: per (row, chunk of the vocabulary) the max and the sum of exponentials;
+2. ``_row_threshold``: per row the logsumexp and the k-th largest chunk max, a lower bound of
+   the row's k-th largest logit;
+3. ``_gather_candidates``: per (row, chunk) appends the keys of the logits at or above it;
+4. ``_chunk_top_keys`` and ``_merge_top_keys``: the exact fallback for a row with more candidates
+   than fit (it ranks the whole row); for every other row they return at once;
+5. ``_rank_rows``: per row the top k token ids in rank order and their log-probabilities (logit
+   minus the row's logsumexp, float32);
+6. ``_expand``: per request the best-first tree: per depth the kept prefixes (stable top of the
+   candidate (parent, rank) pairs), stopping at the first depth that cannot reach the first
+   ``budget``, then the global order over all depths; writes tokens, depths, parents, scores and
+   position offsets;
+7. ``_ancestors``: the ancestor-or-self mask over ``[root] + nodes``.
 
 The walk is one kernel, ``_walk``.
 """
@@ -37,7 +40,12 @@ import triton.language as tl
 
 # Keys one program ranks at once; more keys per row are merged over several launches.
 _MERGE_KEYS = 4096
-# Vocabulary elements per program of the first kernel.
+# Largest chunk of the vocabulary whose max and sum of exponentials one program computes.
+STATS_CHUNK = 2048
+# Most candidates kept per row (a power of two): 8 x k rounded up, at least 256, at most this.
+# Rows with more are ranked whole by the fallback. Ranking the kept ones costs with their number.
+CANDIDATES = 4096
+# Vocabulary elements per program of the fallback's first kernel.
 CHUNK = 2048
 
 
@@ -64,62 +72,111 @@ def _key_value(key):
 
 
 @triton.jit
-def _chunk_top_keys(logits, vocab, n_chunks, keys, stats, CHUNK: tl.constexpr, K2: tl.constexpr):
+def _chunk_stats(logits, vocab, n_chunks, stats, count, CHUNK: tl.constexpr):
+    """Per (row, chunk): max and sum of exp(x - max), for the threshold and the logsumexp."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     ids = chunk * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
     valid = ids < vocab
     x = tl.load(logits + row * vocab + ids, mask=valid, other=float("-inf")).to(tl.float32)
-    key = tl.where(valid, _key(x, ids), -9223372036854775808)
-    slot = (row * n_chunks + chunk) * K2 + tl.arange(0, K2)
-    tl.store(keys + slot, tl.topk(key, K2))
     top = tl.max(x, 0)
     total = tl.sum(tl.where(valid, tl.exp(x - top), 0.0), 0)
     total = tl.where(top == float("-inf"), 0.0, total)
     tl.store(stats + (row * n_chunks + chunk) * 2, top)
     tl.store(stats + (row * n_chunks + chunk) * 2 + 1, total)
+    if chunk == 0:
+        tl.store(count + row, 0)  # the candidate counter of this step
 
 
 @triton.jit
-def _merge_top_keys(keys_in, n_in, keys_out, n_out, GROUP: tl.constexpr, K2: tl.constexpr):
+def _row_threshold(stats, n_chunks, threshold, lse_out, k, K2: tl.constexpr, CHUNKS2: tl.constexpr):
+    """Per row: the k-th largest chunk max (k distinct elements reach it, so the row's k-th largest
+    value is at least this), or -inf with fewer than k chunks; and the row's logsumexp."""
     row = tl.program_id(0).to(tl.int64)
-    group = tl.program_id(1)
-    j = tl.arange(0, GROUP * K2)
-    src = group * GROUP + j // K2
-    key = tl.load(keys_in + (row * n_in + src) * K2 + j % K2, mask=src < n_in, other=-9223372036854775808)
-    tl.store(keys_out + (row * n_out + group) * K2 + tl.arange(0, K2), tl.topk(key, K2))
-
-
-@triton.jit
-def _rank_rows(
-    keys,
-    n_in,
-    stats,
-    n_chunks,
-    logits,
-    vocab,
-    ids_out,
-    logp_out,
-    k,
-    GROUP: tl.constexpr,
-    K2: tl.constexpr,
-    CHUNKS2: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    j = tl.arange(0, GROUP * K2)
-    key = tl.load(keys + (row * n_in + j // K2) * K2 + j % K2, mask=j // K2 < n_in, other=-9223372036854775808)
-    top = tl.topk(key, K2)
-    ids = _key_index(top)
     c = tl.arange(0, CHUNKS2)
     chunk_max = tl.load(stats + (row * n_chunks + c) * 2, mask=c < n_chunks, other=float("-inf"))
     chunk_sum = tl.load(stats + (row * n_chunks + c) * 2 + 1, mask=c < n_chunks, other=0.0)
     top_max = tl.max(chunk_max, 0)
     scaled = tl.where(chunk_max == float("-inf"), 0.0, chunk_sum * tl.exp(chunk_max - top_max))
-    lse = top_max + tl.log(tl.sum(scaled, 0))
+    tl.store(lse_out + row, top_max + tl.log(tl.sum(scaled, 0)))
+    best = tl.topk(chunk_max, K2)
+    kth = tl.max(tl.where(tl.arange(0, K2) == k - 1, best, float("-inf")), 0)
+    tl.store(threshold + row, tl.where(n_chunks >= k, kth, float("-inf")))
+
+
+@triton.jit
+def _gather_candidates(logits, vocab, threshold, count, cand, CAP: tl.constexpr, CHUNK: tl.constexpr):
+    """Per (row, chunk): append the keys of the elements at or above the row's threshold."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    ids = chunk * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
+    valid = ids < vocab
+    x = tl.load(logits + row * vocab + ids, mask=valid, other=float("-inf")).to(tl.float32)
+    chosen = valid & (x >= tl.load(threshold + row))
+    n = tl.sum(chosen.to(tl.int32), 0)
+    if n > 0:
+        base = tl.atomic_add(count + row, n)  # order of arrival does not matter: keys are ranked
+        slot = base + tl.cumsum(chosen.to(tl.int32), 0) - 1
+        tl.store(cand + row * CAP + slot, _key(x, ids), mask=chosen & (slot < CAP))
+
+
+@triton.jit
+def _chunk_top_keys(logits, vocab, n_chunks, keys, count, CAP: tl.constexpr, CHUNK: tl.constexpr, K2: tl.constexpr):
+    """Exact fallback, for rows whose candidates overflowed: per chunk the top K2 keys."""
+    row = tl.program_id(0).to(tl.int64)
+    if tl.load(count + row) > CAP:
+        chunk = tl.program_id(1)
+        ids = chunk * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
+        valid = ids < vocab
+        x = tl.load(logits + row * vocab + ids, mask=valid, other=float("-inf")).to(tl.float32)
+        key = tl.where(valid, _key(x, ids), -9223372036854775808)
+        tl.store(keys + (row * n_chunks + chunk) * K2 + tl.arange(0, K2), tl.topk(key, K2))
+
+
+@triton.jit
+def _merge_top_keys(keys_in, n_in, keys_out, n_out, count, CAP: tl.constexpr, GROUP: tl.constexpr, K2: tl.constexpr):
+    """Exact fallback: merges groups of chunks' top keys."""
+    row = tl.program_id(0).to(tl.int64)
+    if tl.load(count + row) > CAP:
+        group = tl.program_id(1)
+        j = tl.arange(0, GROUP * K2)
+        src = group * GROUP + j // K2
+        key = tl.load(keys_in + (row * n_in + src) * K2 + j % K2, mask=src < n_in, other=-9223372036854775808)
+        tl.store(keys_out + (row * n_out + group) * K2 + tl.arange(0, K2), tl.topk(key, K2))
+
+
+@triton.jit
+def _rank_rows(
+    cand,
+    count,
+    keys,
+    n_in,
+    lse,
+    ids_out,
+    logp_out,
+    k,
+    CAP: tl.constexpr,
+    GROUP: tl.constexpr,
+    K2: tl.constexpr,
+    M: tl.constexpr,
+):
+    """Per row: the top k keys of its candidates (or of the fallback's keys), as ids and log-probs."""
+    row = tl.program_id(0).to(tl.int64)
+    n = tl.load(count + row)
+    overflow = n > CAP
+    j = tl.arange(0, M)
+    fitted = tl.load(cand + row * CAP + j, mask=(j < n) & (j < CAP) & ~overflow, other=-9223372036854775808)
+    src = j // K2
+    fallback = tl.load(
+        keys + (row * n_in + src) * K2 + j % K2,
+        mask=overflow & (src < n_in) & (j < GROUP * K2),
+        other=-9223372036854775808,
+    )
+    top = tl.topk(tl.where(overflow, fallback, fitted), K2)
     slot = tl.arange(0, K2)
     keep = slot < k
-    tl.store(ids_out + row * k + slot, ids, mask=keep)
-    tl.store(logp_out + row * k + slot, _key_value(top) - lse, mask=keep)
+    tl.store(ids_out + row * k + slot, _key_index(top), mask=keep)
+    tl.store(logp_out + row * k + slot, _key_value(top) - tl.load(lse + row), mask=keep)
 
 
 @triton.jit
@@ -150,24 +207,38 @@ def _expand(
     tl.store(level_score + b * D * N2 + j, first)
     tl.store(level_pos + b * D * N2 + j, j.to(tl.int32))
     p = tl.arange(0, P2)
+    # Early stop: once some depth's list holds N prefixes scoring at least ``tau``, no prefix scoring
+    # at most ``tau`` at a deeper depth can be among the first N (it comes after those N: lower
+    # score, or equal score and deeper). Scores never grow along a path (log-probs are <= 0), so
+    # when the best candidate of a depth is <= tau, that depth and every deeper one add no node.
+    tau = tl.max(tl.where(j == N - 1, first, float("-inf")), 0)
+    have_tau = tl.full((), 1 if K >= N else 0, tl.int32)
+    limit = tl.full((), 1, tl.int32)  # depths 0..limit-1 (0-based) hold the kept lists
     for d in range(1, D):
         tl.debug_barrier()  # the previous depth's stores are read below
-        code = tl.load(codes + d * P2 + p).to(tl.int64)
-        valid = code >= 0
-        parent_pos = code // K
-        rank = code % K
-        prev = tl.load(level_score + (b * D + d - 1) * N2 + parent_pos, mask=valid, other=0.0)
-        step = tl.load(logp + (b * D + d) * K + rank, mask=valid, other=0.0)
-        key = tl.where(valid, _key(prev + step, p), -9223372036854775808)
-        top = tl.topk(key, N2)
-        tl.store(level_score + (b * D + d) * N2 + j, _key_value(top))
-        tl.store(level_pos + (b * D + d) * N2 + j, _key_index(top).to(tl.int32))
+        best = tl.load(level_score + (b * D + d - 1) * N2) + tl.load(logp + (b * D + d) * K)
+        if (limit == d) & ((have_tau == 0) | (best > tau)):
+            code = tl.load(codes + d * P2 + p).to(tl.int64)
+            valid = code >= 0
+            parent_pos = code // K
+            rank = code % K
+            prev = tl.load(level_score + (b * D + d - 1) * N2 + parent_pos, mask=valid, other=0.0)
+            step = tl.load(logp + (b * D + d) * K + rank, mask=valid, other=0.0)
+            key = tl.where(valid, _key(prev + step, p), -9223372036854775808)
+            top = tl.topk(key, N2)
+            value = _key_value(top)
+            tl.store(level_score + (b * D + d) * N2 + j, value)
+            tl.store(level_pos + (b * D + d) * N2 + j, _key_index(top).to(tl.int32))
+            if tl.load(sizes + d) >= N:
+                tau = tl.maximum(tau, tl.max(tl.where(j == N - 1, value, float("-inf")), 0))
+                have_tau = tl.full((), 1, tl.int32)
+            limit = tl.full((), 1, tl.int32) + d
     tl.debug_barrier()
     # Global order: the depths' lists concatenated depth by depth; ties by that index.
     e = tl.arange(0, E2)
     e_depth = e // N2
-    size = tl.load(sizes + e_depth, mask=e_depth < D, other=0)
-    kept = (e_depth < D) & (e % N2 < size)
+    size = tl.load(sizes + e_depth, mask=e_depth < limit, other=0)
+    kept = (e_depth < limit) & (e % N2 < size)
     score = tl.load(level_score + b * D * N2 + e, mask=kept, other=0.0)
     top = tl.topk(tl.where(kept, _key(score, e.to(tl.int64)), -9223372036854775808), N2)
     n = j
@@ -212,14 +283,17 @@ def _walk(
     tokens,
     parent,
     depth,
+    ancestors,
     targets,
     mismatch,
     accepted_out,
     count_out,
     bonus_out,
     D: tl.constexpr,
+    D2: tl.constexpr,
     N: tl.constexpr,
     N2: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     n = tl.arange(0, N2).to(tl.int64)
@@ -229,16 +303,25 @@ def _walk(
     chosen = tl.load(targets + b * (N + 1) + up + 1, mask=live, other=0)
     wrong = live & (token != chosen.to(tl.int64))
     tl.store(mismatch + b * N + n, wrong.to(tl.int8), mask=live)
+    t = tl.arange(0, D2)
+    tl.store(accepted_out + b * D + t, tl.full((D2,), -1, tl.int64), mask=t < D)
     tl.debug_barrier()
-    ok = live & (wrong == 0)
-    for _ in range(D - 1):
-        has = up >= 0
-        bad = tl.load(mismatch + b * N + up, mask=live & has, other=0)
-        ok = ok & ((bad == 0) | ~has)
-        up = tl.where(has, tl.load(parent + b * N + up, mask=live & has, other=-1), -1)
-    level = tl.load(depth + b * N + n, mask=live, other=0)
-    for t in range(D):
-        tl.store(accepted_out + b * D + t, tl.max(tl.where(ok & (level == t + 1), n, -1), 0))
+    # A node is accepted when no node on its path from the root (itself included) mismatches:
+    # one masked reduction per block of rows of the ancestor mask, no walk step by step.
+    wrong_cols = tl.load(mismatch + b * N + n, mask=live, other=0) != 0
+    for start in range(0, N2, ROWS):
+        rows = start + tl.arange(0, ROWS).to(tl.int64)
+        on_path = tl.load(
+            ancestors + b * (N + 1) * (N + 1) + (rows + 1)[:, None] * (N + 1) + (n + 1)[None, :],
+            mask=(rows < N)[:, None] & live[None, :],
+            other=0,
+        )
+        bad = tl.max((on_path != 0) & wrong_cols[None, :], 1)
+        tl.store(mismatch + b * N + rows, (2 + bad.to(tl.int8)).to(tl.int8), mask=rows < N)
+    tl.debug_barrier()
+    ok = live & (tl.load(mismatch + b * N + n, mask=live, other=3) == 2)
+    level = tl.load(depth + b * N + n, mask=live, other=1)
+    tl.store(accepted_out + b * D + level - 1, n, mask=ok)  # one accepted node per depth at most
     tl.store(count_out + b, tl.sum(ok.to(tl.int64), 0))
     last = tl.max(tl.where(ok, n + 1, 0), 0)
     tl.store(bonus_out + b, tl.load(targets + b * (N + 1) + last))
@@ -275,28 +358,67 @@ def expand_plan(num_depths: int, k: int, budget: int, pair_codes, device: torch.
 
 def ranked_logprobs(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top ``k`` token ids per row of ``[R, V]`` by (logit desc, id asc), and their float32 log-probs."""
+    ids, logp, _ = _ranked_logprobs(rows, k)
+    return ids, logp
+
+
+def _ranked_logprobs(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``ranked_logprobs``, and each row's number of candidates (the fallback ran where above the cap).
+
+    Top ``k`` token ids per row of ``[R, V]`` by (logit desc, id asc), and their float32 log-probs.
+
+    Ranking every logit is what costs: instead each row keeps only its candidates, the elements at
+    or above the k-th largest of its chunks' maxima (at least k of them, since k chunk maxima reach
+    that value; all ties of the row's k-th value among them), and ranks those. A row with more
+    candidates than the cap (8 k, see ``CANDIDATES``: a pathological distribution, or fewer
+    chunks than k) is ranked whole by the fallback kernels, which otherwise return at once; both
+    give the same result.
+    """
     rows = rows.contiguous()
     num_rows, vocab = rows.shape
-    k2 = _pow2(k)
-    chunk = max(CHUNK, k2)
-    n_chunks = triton.cdiv(vocab, chunk)
     device = rows.device
-    keys = torch.empty(num_rows, n_chunks, k2, dtype=torch.int64, device=device)
+    k2 = _pow2(k)
+    # Chunks small enough that a row has at least k of them.
+    chunk = max(16, min(STATS_CHUNK, 1 << max(0, (vocab // k).bit_length() - 1)))
+    n_chunks = triton.cdiv(vocab, chunk)
     stats = torch.empty(num_rows, n_chunks, 2, dtype=torch.float32, device=device)
-    _chunk_top_keys[(num_rows, n_chunks)](rows, vocab, n_chunks, keys, stats, CHUNK=chunk, K2=k2)
+    count = torch.empty(num_rows, dtype=torch.int32, device=device)
+    threshold = torch.empty(num_rows, dtype=torch.float32, device=device)
+    lse = torch.empty(num_rows, dtype=torch.float32, device=device)
+    cap = min(CANDIDATES, max(256, _pow2(8 * k2)))
+    cand = torch.empty(num_rows, cap, dtype=torch.int64, device=device)
+    _chunk_stats[(num_rows, n_chunks)](rows, vocab, n_chunks, stats, count, CHUNK=chunk)
+    _row_threshold[(num_rows,)](stats, n_chunks, threshold, lse, k, K2=k2, CHUNKS2=max(_pow2(n_chunks), k2))
+    _gather_candidates[(num_rows, n_chunks)](rows, vocab, threshold, count, cand, CAP=cap, CHUNK=chunk)
+
+    fb_chunk = max(CHUNK, k2)
+    n_in = triton.cdiv(vocab, fb_chunk)
+    keys = torch.empty(num_rows, n_in, k2, dtype=torch.int64, device=device)
+    _chunk_top_keys[(num_rows, n_in)](rows, vocab, n_in, keys, count, CAP=cap, CHUNK=fb_chunk, K2=k2)
     group = max(_MERGE_KEYS, 2 * k2) // k2
-    n_in = n_chunks
     while n_in > group:
         n_out = triton.cdiv(n_in, group)
         merged = torch.empty(num_rows, n_out, k2, dtype=torch.int64, device=device)
-        _merge_top_keys[(num_rows, n_out)](keys, n_in, merged, n_out, GROUP=group, K2=k2)
+        _merge_top_keys[(num_rows, n_out)](keys, n_in, merged, n_out, count, CAP=cap, GROUP=group, K2=k2)
         keys, n_in = merged, n_out
     ids = torch.empty(num_rows, k, dtype=torch.int64, device=device)
     logp = torch.empty(num_rows, k, dtype=torch.float32, device=device)
+    width = _pow2(n_in) * k2
     _rank_rows[(num_rows,)](
-        keys, n_in, stats, n_chunks, rows, vocab, ids, logp, k, GROUP=_pow2(n_in), K2=k2, CHUNKS2=_pow2(n_chunks)
+        cand,
+        count,
+        keys,
+        n_in,
+        lse,
+        ids,
+        logp,
+        k,
+        CAP=cap,
+        GROUP=_pow2(n_in),
+        K2=k2,
+        M=max(cap, width),
     )
-    return ids, logp
+    return ids, logp, count
 
 
 def build(draft_logits: torch.Tensor, budget: int, plan: ExpandPlan) -> tuple[torch.Tensor, ...]:
@@ -347,7 +469,12 @@ def build(draft_logits: torch.Tensor, budget: int, plan: ExpandPlan) -> tuple[to
 
 
 def walk(
-    tokens: torch.Tensor, parent: torch.Tensor, depth: torch.Tensor, num_depths: int, targets: torch.Tensor
+    tokens: torch.Tensor,
+    parent: torch.Tensor,
+    depth: torch.Tensor,
+    ancestors: torch.Tensor,
+    num_depths: int,
+    targets: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Accepted node per depth (-1 past the end), number accepted, bonus token, per request."""
     batch, budget = tokens.shape
@@ -357,7 +484,21 @@ def walk(
     accepted = torch.empty(batch, num_depths, dtype=torch.int64, device=device)
     count = torch.empty(batch, dtype=torch.int64, device=device)
     bonus = torch.empty(batch, dtype=targets.dtype, device=device)
+    n2 = _pow2(budget)
     _walk[(batch,)](
-        tokens, parent, depth, targets, mismatch, accepted, count, bonus, D=num_depths, N=budget, N2=_pow2(budget)
+        tokens,
+        parent,
+        depth,
+        ancestors,
+        targets,
+        mismatch,
+        accepted,
+        count,
+        bonus,
+        D=num_depths,
+        D2=_pow2(num_depths),
+        N=budget,
+        N2=n2,
+        ROWS=min(n2, 32),
     )
     return accepted, count, bonus

@@ -309,7 +309,7 @@ def build_trees(draft_logits: torch.Tensor, budget: int, *, kernels: bool | None
             request (any float dtype, any device; no NaN, no ``+inf``, each row with a finite logit).
         budget: ``N``, the number of nodes per tree (the root not counted); at most the number of
             distinct prefixes, which any real vocabulary exceeds.
-        kernels: build with the Triton kernels of ``ddtree_kernels`` (five launches) instead of torch
+        kernels: build with the Triton kernels of ``ddtree_kernels`` (eight launches) instead of torch
             operators (about a hundred). Default: on CUDA where Triton is installed. Same trees; the
             log-probabilities are the logit minus the row's logsumexp, which may differ from
             ``torch.log_softmax`` in the last bit, so trees can differ where two prefixes tie to
@@ -432,7 +432,9 @@ def walk_trees(tree: DDTree, target_tokens: torch.Tensor, *, kernels: bool | Non
         raise ValueError(f"target_tokens is on {target_tokens.device}, the tree on {tree.tokens.device}")
     fused = _use_kernels(target_tokens, kernels)
     if fused is not None:
-        return TreeWalk(*fused.walk(tree.tokens, tree.parent, tree.depth, tree.num_depths, target_tokens))
+        return TreeWalk(
+            *fused.walk(tree.tokens, tree.parent, tree.depth, tree.ancestor_mask, tree.num_depths, target_tokens)
+        )
 
     mismatch = tree.tokens != target_tokens.gather(1, tree.parent + 1)
     accepted = ~(tree.ancestor_mask[:, 1:, 1:] & mismatch.unsqueeze(1)).any(dim=2)
