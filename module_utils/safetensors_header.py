@@ -243,6 +243,12 @@ def _parse_header(
         if begin != offset:
             in_order = False
         offset = end
+    # Duplicates the count above cannot see (a junk member then a valid one of the same name, a
+    # repeated field inside an entry or in __metadata__): a compact header has exactly one ':' per
+    # member of each object, so any other count means a duplicate, a ':' inside a string or an
+    # extra field; then the strict parse decides (and costs time only for such headers).
+    if header.count(b":") != len(obj) + 3 * len(tensors) + len(metadata):
+        _load_json(header, where)
     if not (in_order and in_order_shortcut):
         offset = _check_spans(tensors, where)
     if offset != data_len:

@@ -174,6 +174,35 @@ HOSTILE = [
     ("nested junk", b"[" * 100000 + b"]" * 100000, 0, None, "nested too deeply|not an object"),
     ("deep object", b'{"a":' * 50000 + b"1" + b"}" * 50000, 0, None, "nested too deeply|must be an object"),
     ("duplicate key", b'{"a": {}, "a": {}}', 0, None, "duplicate key 'a'"),
+    # The last of a duplicated name is valid: a plain parse would keep it and accept the file.
+    (
+        "junk then valid duplicate",
+        b'{"a": 5, "a": ' + json.dumps(_entry()).encode() + b"}",
+        8,
+        None,
+        "duplicate key 'a'",
+    ),
+    (
+        "invalid then valid duplicate",
+        b'{"a": {"dtype": "F32"}, "a": ' + json.dumps(_entry()).encode() + b"}",
+        8,
+        None,
+        "duplicate key 'a'",
+    ),
+    (
+        "duplicate field in an entry",
+        b'{"a": {"dtype": "F64", "dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}',
+        8,
+        None,
+        "duplicate key 'dtype'",
+    ),
+    (
+        "duplicate metadata key",
+        b'{"__metadata__": {"k": "v", "k": "w"}, "a": ' + json.dumps(_entry()).encode() + b"}",
+        8,
+        None,
+        "duplicate key 'k'",
+    ),
     ("entry not object", json.dumps({"w": 5}).encode(), 0, None, "must be an object with dtype"),
     (
         "missing offsets",
