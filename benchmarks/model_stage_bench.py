@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import cpu_busy
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -165,11 +166,15 @@ def main(argv: list[str]) -> int:
                 while chunk := fh.read(8 << 20):
                     h.update(chunk)
             digest = h.hexdigest()
-        rows: dict[str, list[float]] = {k: [] for k in ("rsync", "stage1", "stage1_wall", "copy_rerun", "stage_rerun")}
+        rows: dict[str, list[float]] = {
+            k: []
+            for k in ("rsync", "rsync_cores", "stage1", "stage1_wall", "stage1_cores", "copy_rerun", "stage_rerun")
+        }
         ratios: dict[str, list[float]] = {"first": [], "rerun": []}
 
         def plain_rsync() -> None:
             t = time.monotonic()
+            cpu = cpu_busy.snapshot()
             subprocess.run(
                 [
                     "rsync",
@@ -184,6 +189,7 @@ def main(argv: list[str]) -> int:
                 check=True,
             )
             rows["rsync"].append(time.monotonic() - t)
+            rows["rsync_cores"].append(cpu_busy.busy_cores(cpu, cpu_busy.snapshot()))
             node("sync")
 
         for rep in range(a.repeat):
@@ -194,7 +200,9 @@ def main(argv: list[str]) -> int:
             stage = STAGE_TASK.format(src=src, dest="/opt/bench/stage", cache=work / f"cache-{rep}", sha256=digest)
             if rep % 2 == 0:  # alternate which goes first, so a load change does not favour one side
                 plain_rsync()
+            cpu = cpu_busy.snapshot()
             t1, wall, changed, phases = run_play(inv, stage, work, env)
+            rows["stage1_cores"].append(cpu_busy.busy_cores(cpu, cpu_busy.snapshot()))
             assert changed, "first staging reported no change"
             node("sync")
             if rep % 2 == 1:
@@ -215,7 +223,8 @@ def main(argv: list[str]) -> int:
                 f"rep {rep + 1}: rsync {rows['rsync'][-1]:.2f}s, stage first {t1:.2f}s (wall {wall:.2f}s),"
                 f" stage re-run {t2:.3f}s, copy re-run {t3:.2f}s;"
                 f" throughput ratio {ratios['first'][-1]:.2f}, re-run ratio {ratios['rerun'][-1]:.3f};"
-                f" load average {os.getloadavg()[0]:.1f}",
+                f" load average {os.getloadavg()[0]:.1f}; busy cores of {os.cpu_count()}: rsync"
+                f" {rows['rsync_cores'][-1]:.2f}, stage {rows['stage1_cores'][-1]:.2f} (whole playbook run)",
                 flush=True,
             )
             print(f"  stage phases (s, from the task's result): {json.dumps(phases)}", flush=True)
