@@ -463,11 +463,14 @@ PLAY = """
     - {name: tamper, ansible.builtin.copy: {dest: "{{ tampered }}", content: "tampered\\n", mode: "0644"}}
     - {name: refused, vllm_patch: {venv: "{{ venv }}", changeset_src: "{{ src }}"}, register: refused,
        ignore_errors: true}
+    - {name: both, vllm_patch: {venv: "{{ venv }}", changeset_src: "{{ src }}", changeset_root: /nowhere},
+       register: both, ignore_errors: true}
     - name: results
       ansible.builtin.copy:
         dest: "{{ out }}"
         mode: "0644"
-        content: "{{ {'apply': apply, 'again': again, 'dry': dry, 'absent': absent, 'refused': refused} | to_json }}"
+        content: "{{ {'apply': apply, 'again': again, 'dry': dry, 'absent': absent, 'refused': refused,
+                      'both': both} | to_json }}"
 """
 
 
@@ -510,6 +513,7 @@ def test_action_plugin_sends_files_only_when_something_changes(venv, tmp_path, p
     assert got["refused"]["failed"] is True
     assert "Refusing to touch vLLM" in got["refused"]["msg"]
     assert got["refused"]["sources_sent"] == []
+    assert got["both"]["msg"] == "Give changeset_src (on the controller) or changeset_root (on the node), not both."
     for name in TOUCHED:
         if name != "vllm/config/vllm.py":
             assert (site / name).read_bytes() == pristine_files[name]
