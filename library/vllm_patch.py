@@ -10,7 +10,12 @@ short_description: Apply or remove a hash-verified change set (DDTree, DFlash fi
 description:
   - Finds vLLM in O(venv) from its dist-info METADATA, without importing it (no torch needed).
   - Loads the change set kept for that exact vLLM release under O(changeset_root)
-    (C(vllm-<version>/manifest.json)). A release without a change set is refused.
+    (C(vllm-<version>/manifest.json)), or from O(manifests) and O(sources) passed in (what the
+    controller side of this module does: no change-set file is copied to the node). A release
+    without a change set is refused.
+  - With O(manifests), files are first judged by digest alone; when a change is needed and a diff or
+    added file it needs is not in O(sources), the module fails with nothing changed and names them
+    in RV(missing_sources) (the controller side then sends exactly those and runs it again).
   - Every file the change set touches must be exactly pristine (the release's sha256) or exactly patched
     (this change set's sha256). Anything else is refused and nothing is changed.
   - Computes every file in memory, verifies it, then replaces the files atomically; any failure puts
@@ -32,9 +37,26 @@ options:
     type: str
     default: ddtree
   changeset_root:
-    description: Directory holding C(vllm-<version>/) change sets (the role copies them to the node).
+    description:
+      - Directory on the node holding C(vllm-<version>/) change sets.
+      - Exactly one of O(changeset_root) and O(manifests) is required.
     type: path
-    required: true
+  manifests:
+    description:
+      - The change sets' C(manifest.json) texts, keyed by vLLM release (C(0.20.1)).
+      - The controller side fills it from O(changeset_src).
+    type: dict
+  sources:
+    description:
+      - Diffs and added files of the change set, base64, keyed by their path relative to the
+        change-set root (as the manifest names them). Only with O(manifests).
+    type: dict
+  changeset_src:
+    description:
+      - Directory on the controller holding C(vllm-<version>/) change sets (the role's C(files/)).
+      - Read by the controller side, which sends O(manifests) and, only when something must
+        change, the O(sources) the change needs.
+    type: path
 attributes:
   check_mode:
     support: full
@@ -45,11 +67,16 @@ author:
 """
 
 EXAMPLES = r"""
-- name: Apply the DDTree change set to vLLM 0.20.1
+- name: Apply the DDTree change set kept on the controller to vLLM 0.20.1
+  vllm_patch:
+    venv: /opt/vllm/0.20.1
+    changeset_src: roles/ddtree_patch/files
+    state: present
+
+- name: Apply a change set already on the node
   vllm_patch:
     venv: /opt/vllm/0.20.1
     changeset_root: /var/lib/dflash-deploy/changesets
-    state: present
 
 - name: Show what would change, touching nothing
   vllm_patch:
@@ -107,6 +134,18 @@ check_mode:
   type: bool
   returned: always
   sample: false
+missing_sources:
+  description: Change-set files a needed change lacks (only when it fails for that reason).
+  type: list
+  elements: str
+  returned: failure
+  sample: ["vllm-0.20.1/patches/vllm__config__vllm.py.diff"]
+sources_sent:
+  description: Change-set files the controller side sent to the node (with O(changeset_src)).
+  type: list
+  elements: str
+  returned: when O(changeset_src) is used
+  sample: []
 record_path:
   description: JSON record of the last change written beside the venv.
   type: str
@@ -114,6 +153,8 @@ record_path:
   sample: /opt/vllm/0.20.1/vllm-changeset.json
 """
 
+import base64
+import binascii
 import json
 import os
 
@@ -123,9 +164,11 @@ from ansible.module_utils.vllm_changeset import (
     PRESENT,
     RECORD_NAME,
     ChangeSetError,
+    SourcesNeeded,
     execute,
     find_vllm,
     load_changeset,
+    load_inline_changeset,
     plan,
     record,
     unified_diff,
@@ -138,16 +181,38 @@ def build_module() -> AnsibleModule:
             venv=dict(type="path", required=True),
             state=dict(type="str", default=PRESENT, choices=[PRESENT, ABSENT]),
             patchset=dict(type="str", default="ddtree"),
-            changeset_root=dict(type="path", required=True),
+            changeset_root=dict(type="path"),
+            manifests=dict(type="dict"),
+            sources=dict(type="dict", default={}),
         ),
+        mutually_exclusive=[("changeset_root", "manifests")],
+        required_one_of=[("changeset_root", "manifests")],
         supports_check_mode=True,
     )
+
+
+def decode_sources(sources: dict) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    for name, value in sources.items():
+        try:
+            out[str(name)] = base64.b64decode(str(value), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ChangeSetError(f"sources[{name!r}] is not base64 ({exc}); send each file base64-encoded.") from exc
+    return out
 
 
 def run(module: AnsibleModule) -> dict:
     params = module.params
     install = find_vllm(params["venv"])
-    changeset = load_changeset(params["changeset_root"], install.version, params["patchset"])
+    if params["manifests"] is not None:
+        manifests = {str(k): str(v) for k, v in params["manifests"].items()}
+        changeset = load_inline_changeset(
+            manifests, decode_sources(params["sources"]), install.version, params["patchset"]
+        )
+    else:
+        if params["sources"]:
+            raise ChangeSetError("sources go with manifests; with changeset_root the files are read on the node.")
+        changeset = load_changeset(params["changeset_root"], install.version, params["patchset"])
     the_plan = plan(changeset, install.site_packages, params["state"])
     record_path = os.path.join(params["venv"], RECORD_NAME)
     result: dict = {
@@ -181,6 +246,8 @@ def main() -> None:
     module = build_module()
     try:
         result = run(module)
+    except SourcesNeeded as exc:
+        module.fail_json(msg=str(exc), missing_sources=exc.sources)
     except ChangeSetError as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(**result)

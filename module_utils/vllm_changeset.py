@@ -60,6 +60,14 @@ class ChangeSetError(ValueError):
     """The change set, the vLLM install or a file on disk does not allow a safe change."""
 
 
+class SourcesNeeded(ChangeSetError):
+    """A change is needed but some change-set files it needs were not provided (nothing was changed)."""
+
+    def __init__(self, message: str, sources: list[str]) -> None:
+        super().__init__(message)
+        self.sources = sources
+
+
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -220,8 +228,13 @@ class FileChange:
     kind: str  # "patch" or "add"
     patched_sha256: str
     pristine_sha256: str | None = None
-    hunks: tuple[Hunk, ...] = ()
-    added: bytes | None = None
+    hunks: tuple[Hunk, ...] | None = ()  # None: the diff was not provided (see load_inline_changeset)
+    added: bytes | None = None  # None for an "add" entry: the file was not provided
+    source: str = ""  # the diff or added file, relative to the change-set root
+
+    @property
+    def has_content(self) -> bool:
+        return self.added is not None if self.kind == "add" else self.hunks is not None
 
 
 @dataclass(frozen=True)
@@ -261,20 +274,70 @@ def load_changeset(root: str, version: str, patchset: str) -> ChangeSet:
     manifest_path = cdir / MANIFEST
     if not manifest_path.is_file():
         known = ", ".join(available_versions(root)) or "none"
-        raise ChangeSetError(
-            f"There is no change set for vLLM {version} (looked for {manifest_path}); "
-            f"change sets exist for vLLM: {known}. Install a vLLM release this project "
-            "supports (role vllm_install), or write and verify a change set for this release first."
-        )
-    raw = manifest_path.read_bytes()
+        raise ChangeSetError(_no_changeset_msg(version, f" (looked for {manifest_path})", known))
+
+    def read(relpath: str) -> bytes:
+        src = Path(root) / relpath
+        if not src.is_file():
+            raise ChangeSetError(f"The change set is incomplete: {src} is missing.")
+        return src.read_bytes()
+
+    return parse_changeset(
+        manifest_path.read_bytes(), str(manifest_path), version, patchset, read, lambda rel: str(Path(root) / rel)
+    )
+
+
+def load_inline_changeset(
+    manifests: dict[str, str], sources: dict[str, bytes], version: str, patchset: str
+) -> ChangeSet:
+    """The change set for vLLM ``version`` from manifests and files passed in (not read from disk).
+
+    ``manifests`` maps a vLLM release to its manifest.json text; ``sources`` maps a diff or added
+    file, relative to the change-set root, to its bytes. Files not in ``sources`` are left out
+    (:func:`plan` says which of them a change needs, see :class:`SourcesNeeded`); files given are
+    checked like :func:`load_changeset` checks them.
+    """
+    if version not in manifests:
+        known = ", ".join(sorted(manifests)) or "none"
+        raise ChangeSetError(_no_changeset_msg(version, "", known))
+    where = f"the manifest for vLLM {version}"
+    return parse_changeset(
+        manifests[version].encode("utf-8"), where, version, patchset, sources.get, lambda rel: f"the file {rel} sent"
+    )
+
+
+def _no_changeset_msg(version: str, looked: str, known: str) -> str:
+    return (
+        f"There is no change set for vLLM {version}{looked}; "
+        f"change sets exist for vLLM: {known}. Install a vLLM release this project "
+        "supports (role vllm_install), or write and verify a change set for this release first."
+    )
+
+
+def parse_changeset(
+    raw: bytes,
+    where: str,
+    version: str,
+    patchset: str,
+    read: Callable[[str], bytes | None],
+    describe: Callable[[str], str],
+) -> ChangeSet:
+    """Check a manifest (``raw``, named ``where`` in errors) and the files ``read`` returns.
+
+    ``read`` gets a path relative to the change-set root and returns its bytes, or None when
+    the file is not at hand (the entry then carries no content); ``describe`` names such a
+    path in errors.
+    """
     try:
         manifest = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise ChangeSetError(f"{manifest_path} is not valid JSON: {exc}") from exc
+        raise ChangeSetError(f"{where} is not valid JSON: {exc}") from exc
+    if not isinstance(manifest, dict):
+        raise ChangeSetError(f"{where} is not a JSON object.")
     if manifest.get("format") != FORMAT:
-        raise ChangeSetError(f"{manifest_path}: unsupported format {manifest.get('format')!r}.")
+        raise ChangeSetError(f"{where}: unsupported format {manifest.get('format')!r}.")
     if manifest.get("vllm_version") != version:
-        raise ChangeSetError(f"{manifest_path} is for vLLM {manifest.get('vllm_version')!r}, not {version}.")
+        raise ChangeSetError(f"{where} is for vLLM {manifest.get('vllm_version')!r}, not {version}.")
     if manifest.get("patchset") != patchset:
         raise ChangeSetError(
             f"The change set for vLLM {version} is {manifest.get('patchset')!r}; "
@@ -285,26 +348,23 @@ def load_changeset(root: str, version: str, patchset: str) -> ChangeSet:
     for entry in manifest.get("files", []):
         path = _safe_relpath(str(entry.get("path", "")), "target")
         if path in seen:
-            raise ChangeSetError(f"{manifest_path} names {path} twice.")
+            raise ChangeSetError(f"{where} names {path} twice.")
         seen.add(path)
         kind = entry.get("kind")
         patched_sha = str(entry.get("patched_sha256", ""))
         if kind == "add":
-            src = Path(root) / _safe_relpath(str(entry.get("source", "")), "source")
-            if not src.is_file():
-                raise ChangeSetError(f"The change set is incomplete: {src} is missing.")
-            data = src.read_bytes()
-            if sha256_bytes(data) != patched_sha:
+            rel = _safe_relpath(str(entry.get("source", "")), "source")
+            data = read(rel)
+            if data is not None and sha256_bytes(data) != patched_sha:
                 raise ChangeSetError(
-                    f"The change set is corrupt: {src} has sha256 {sha256_bytes(data)}, "
+                    f"The change set is corrupt: {describe(rel)} has sha256 {sha256_bytes(data)}, "
                     f"the manifest says {patched_sha}."
                 )
-            files.append(FileChange(path, "add", patched_sha, added=data))
+            files.append(FileChange(path, "add", patched_sha, added=data, source=rel))
         elif kind == "patch":
-            diff_path = Path(root) / _safe_relpath(str(entry.get("diff", "")), "diff")
-            if not diff_path.is_file():
-                raise ChangeSetError(f"The change set is incomplete: {diff_path} is missing.")
-            hunks = parse_unified_diff(diff_path.read_text(encoding="utf-8"))
+            rel = _safe_relpath(str(entry.get("diff", "")), "diff")
+            text = read(rel)
+            hunks = parse_unified_diff(text.decode("utf-8")) if text is not None else None
             files.append(
                 FileChange(
                     path,
@@ -312,12 +372,13 @@ def load_changeset(root: str, version: str, patchset: str) -> ChangeSet:
                     patched_sha,
                     pristine_sha256=str(entry.get("pristine_sha256", "")),
                     hunks=hunks,
+                    source=rel,
                 )
             )
         else:
-            raise ChangeSetError(f"{manifest_path}: {path} has unknown kind {kind!r}.")
+            raise ChangeSetError(f"{where}: {path} has unknown kind {kind!r}.")
     if not files:
-        raise ChangeSetError(f"{manifest_path} lists no files.")
+        raise ChangeSetError(f"{where} lists no files.")
     return ChangeSet(
         patchset=patchset,
         vllm_version=version,
@@ -370,69 +431,71 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
+def _classify(change: FileChange, current: bytes | None, target: Path, version: str) -> tuple[str | None, str]:
+    """The state of one file on disk from its digest alone, or (None, the problem)."""
+    digest = sha256_bytes(current) if current is not None else None
+    if change.kind == "add":
+        if current is None:
+            return MISSING, ""
+        if digest == change.patched_sha256:
+            return PATCHED, ""
+        return None, (
+            f"{target} exists but is not this change set's file (sha256 {digest}, expected {change.patched_sha256})"
+        )
+    if current is None:
+        return None, f"{target} is missing (expected pristine sha256 {change.pristine_sha256})"
+    if digest == change.pristine_sha256:
+        return PRISTINE, ""
+    if digest == change.patched_sha256:
+        return PATCHED, ""
+    return None, (
+        f"{target} has sha256 {digest}, which is neither pristine vLLM "
+        f"{version} ({change.pristine_sha256}) nor patched ({change.patched_sha256})"
+    )
+
+
+def _other_side(change: FileChange, found: str, current: bytes) -> bytes:
+    """The patched bytes of a pristine file, or the pristine bytes of a patched one, verified."""
+    assert change.hunks is not None
+    if found == PRISTINE:
+        patched = apply_hunks(current.decode("utf-8"), change.hunks).encode("utf-8")
+        if sha256_bytes(patched) != change.patched_sha256:
+            raise ChangeSetError(
+                f"The change set is corrupt: the diff for {change.path} gives sha256 "
+                f"{sha256_bytes(patched)}, the manifest says {change.patched_sha256}."
+            )
+        return patched
+    pristine = apply_hunks(current.decode("utf-8"), change.hunks, reverse=True).encode("utf-8")
+    if sha256_bytes(pristine) != change.pristine_sha256:
+        raise ChangeSetError(
+            f"The change set is corrupt: un-applying the diff for {change.path} gives "
+            f"sha256 {sha256_bytes(pristine)}, the manifest says {change.pristine_sha256}."
+        )
+    return pristine
+
+
 def plan(changeset: ChangeSet, site_packages: str, state: str) -> Plan:
     """Work out every file's current and wanted bytes; refuse anything unexpected.
 
     Raises :class:`ChangeSetError` (and so changes nothing) if any file is neither
-    pristine nor carrying exactly this change set.
+    pristine nor carrying exactly this change set. Files are first judged by digest alone;
+    only the files that must change need their diff or added file, and if any of those
+    was not provided :class:`SourcesNeeded` names them all. A file already in the wanted
+    state needs nothing: with the diff at hand it is still checked against it.
     """
     if state not in (PRESENT, ABSENT):
         raise ChangeSetError(f"state must be {PRESENT!r} or {ABSENT!r}, not {state!r}.")
     site = Path(site_packages)
-    actions: list[FileAction] = []
+    found_files: list[tuple[FileChange, str, bytes | None]] = []
     problems: list[str] = []
     for change in changeset.files:
         target = site / change.path
         current = _read(target)
-        digest = sha256_bytes(current) if current is not None else None
-        if change.kind == "add":
-            if current is None:
-                found = MISSING
-            elif digest == change.patched_sha256:
-                found = PATCHED
-            else:
-                problems.append(
-                    f"{target} exists but is not this change set's file (sha256 {digest}, "
-                    f"expected {change.patched_sha256})"
-                )
-                continue
-            want = PATCHED if state == PRESENT else MISSING
-            after = change.added if state == PRESENT else None
-            actions.append(FileAction(change.path, found, want, current, after))
-            continue
-        # kind == "patch"
-        if current is None:
-            problems.append(f"{target} is missing (expected pristine sha256 {change.pristine_sha256})")
-            continue
-        hunks = change.hunks
-        if digest == change.pristine_sha256:
-            found = PRISTINE
-            pristine = current
-            patched = apply_hunks(current.decode("utf-8"), hunks).encode("utf-8")
-            if sha256_bytes(patched) != change.patched_sha256:
-                raise ChangeSetError(
-                    f"The change set is corrupt: the diff for {change.path} gives sha256 "
-                    f"{sha256_bytes(patched)}, the manifest says {change.patched_sha256}."
-                )
-        elif digest == change.patched_sha256:
-            found = PATCHED
-            patched = current
-            pristine = apply_hunks(current.decode("utf-8"), hunks, reverse=True).encode("utf-8")
-            if sha256_bytes(pristine) != change.pristine_sha256:
-                raise ChangeSetError(
-                    f"The change set is corrupt: un-applying the diff for {change.path} gives "
-                    f"sha256 {sha256_bytes(pristine)}, the manifest says {change.pristine_sha256}."
-                )
+        found, problem = _classify(change, current, target, changeset.vllm_version)
+        if found is None:
+            problems.append(problem)
         else:
-            problems.append(
-                f"{target} has sha256 {digest}, which is neither pristine vLLM "
-                f"{changeset.vllm_version} ({change.pristine_sha256}) nor patched "
-                f"({change.patched_sha256})"
-            )
-            continue
-        want = PATCHED if state == PRESENT else PRISTINE
-        after = patched if state == PRESENT else pristine
-        actions.append(FileAction(change.path, found, want, current, after))
+            found_files.append((change, found, current))
     if problems:
         raise ChangeSetError(
             "Refusing to touch vLLM: "
@@ -441,6 +504,36 @@ def plan(changeset: ChangeSet, site_packages: str, state: str) -> Plan:
             f"changed. Reinstall vLLM {changeset.vllm_version} (role vllm_install, or "
             f"pip install --force-reinstall --no-deps vllm=={changeset.vllm_version}) and run again."
         )
+
+    def wanted(change: FileChange) -> str:
+        if state == PRESENT:
+            return PATCHED
+        return MISSING if change.kind == "add" else PRISTINE
+
+    needed = [
+        change.source
+        for change, found, _ in found_files
+        if found != wanted(change) and not change.has_content and not (change.kind == "add" and state == ABSENT)
+    ]
+    if needed:
+        raise SourcesNeeded(
+            f"vLLM {changeset.vllm_version} needs a change but these change-set files were not provided: "
+            f"{', '.join(needed)}. Nothing was changed. Pass them in sources (or use changeset_root).",
+            needed,
+        )
+    actions: list[FileAction] = []
+    for change, found, current in found_files:
+        want = wanted(change)
+        if change.kind == "add":
+            after = change.added if want == PATCHED else None
+            if found == want:
+                after = current
+        elif current is not None and change.hunks is not None:
+            other = _other_side(change, found, current)
+            after = current if found == want else other
+        else:  # already in the wanted state, its diff not at hand
+            after = current
+        actions.append(FileAction(change.path, found, want, current, after))
     return Plan(site_packages=site_packages, state=state, actions=tuple(actions))
 
 

@@ -6,7 +6,9 @@ The wheel is downloaded once into /var/cache/dflash-lab/wheels (outside the repo
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import importlib.util
 import json
 import os
 import py_compile
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import vllm_patch
+from ansible.errors import AnsibleError
 from ansible.module_utils import vllm_changeset as cs
 from ansible.module_utils.testing import patch_module_args
 
@@ -334,6 +337,206 @@ def test_module_fails_with_reason_on_tampered_vllm(venv, capsys):
     assert "Refusing to touch vLLM" in result["msg"]
     assert "Nothing was changed" in result["msg"]
     assert not (site / "vllm/v1/spec_decode/ddtree.py").exists()
+
+
+# --- the change set passed in as arguments (what the action plugin does) ---------------------
+
+
+def manifests() -> dict[str, str]:
+    return {"0.20.1": (Path(ROOT) / "vllm-0.20.1" / "manifest.json").read_text()}
+
+
+def sources(names: list[str]) -> dict[str, str]:
+    return {n: base64.b64encode((Path(ROOT) / n).read_bytes()).decode() for n in names}
+
+
+DIFFS = sorted(f"vllm-0.20.1/patches/{name.replace('/', '__')}.diff" for name in TOUCHED)
+ADDED_SOURCES = ["common/ddtree_kernels.py", "common/ddtree_tree.py", "vllm-0.20.1/added/ddtree.py"]
+
+
+def test_inline_pristine_venv_asks_for_every_file_and_changes_nothing(venv, capsys):
+    site = site_of(venv)
+    before = snapshot(site)
+    asked = run_module({"venv": str(venv), "manifests": manifests()}, capsys)
+    assert asked["failed"] is True
+    assert sorted(asked["missing_sources"]) == sorted(DIFFS + ADDED_SOURCES)
+    assert "Nothing was changed" in asked["msg"]
+    assert snapshot(site) == before
+
+
+def test_inline_check_apply_idempotent_absent(venv, capsys, pristine_files):
+    site = site_of(venv)
+    before = snapshot(site)
+    every = {"venv": str(venv), "manifests": manifests(), "sources": sources(DIFFS + ADDED_SOURCES)}
+
+    checked = run_module(every, capsys, check=True, diff=True)
+    assert checked["changed"] is True
+    assert len(checked["diff"]) == 11
+    assert snapshot(site) == before
+
+    applied = run_module(every, capsys)
+    assert applied["changed"] is True
+    assert sorted(applied["changed_files"]) == sorted(TOUCHED + ADDED)
+    assert applied["manifest_sha256"] == changeset().manifest_sha256
+    patched = snapshot(site)
+    assert {n: d for n, (d, _) in patched.items()} == {f.path: f.patched_sha256 for f in changeset().files}
+
+    # Patched venv, manifests only: nothing asked for, nothing rewritten, the record unchanged.
+    record_before = (venv / "vllm-changeset.json").read_bytes()
+    again = run_module({"venv": str(venv), "manifests": manifests()}, capsys, diff=True)
+    assert again["changed"] is False
+    assert again["changed_files"] == []
+    assert again["diff"] == []
+    assert set(again["files_before"].values()) == {"patched"}
+    assert snapshot(site) == patched
+    assert (venv / "vllm-changeset.json").read_bytes() == record_before
+
+    # absent needs the diffs (to un-apply), not the added files (they are removed).
+    asked = run_module({"venv": str(venv), "manifests": manifests(), "state": "absent"}, capsys)
+    assert sorted(asked["missing_sources"]) == DIFFS
+    assert snapshot(site) == patched
+
+    dry = run_module({**every, "state": "absent"}, capsys, check=True)
+    assert dry["changed"] is True
+    assert snapshot(site) == patched
+
+    removed = run_module(
+        {"venv": str(venv), "manifests": manifests(), "sources": sources(DIFFS), "state": "absent"}, capsys
+    )
+    assert removed["changed"] is True
+    assert not (venv / "vllm-changeset.json").exists()
+    for name in TOUCHED:
+        assert (site / name).read_bytes() == pristine_files[name]
+    for name in ADDED:
+        assert not (site / name).exists()
+
+    # Pristine venv, absent, manifests only: already there, nothing asked for.
+    nothing = run_module({"venv": str(venv), "manifests": manifests(), "state": "absent"}, capsys)
+    assert nothing["changed"] is False
+
+
+def test_inline_tampered_file_refused_before_asking_for_anything(venv, capsys):
+    site = site_of(venv)
+    (site / "vllm/config/vllm.py").write_text("tampered\n")
+    before = snapshot(site)
+    result = run_module({"venv": str(venv), "manifests": manifests()}, capsys)
+    assert result["failed"] is True
+    assert "missing_sources" not in result
+    assert "Refusing to touch vLLM" in result["msg"]
+    assert "vllm/config/vllm.py has sha256" in result["msg"]
+    assert snapshot(site) == before
+
+
+def test_inline_unknown_release_corrupt_source_and_bad_base64_are_refused(venv, capsys):
+    site = site_of(venv)
+    before = snapshot(site)
+    other = {"0.19.1": manifests()["0.20.1"].replace('"0.20.1"', '"0.19.1"')}
+    unknown = run_module({"venv": str(venv), "manifests": other}, capsys)
+    assert "There is no change set for vLLM 0.20.1; change sets exist for vLLM: 0.19.1." in unknown["msg"]
+
+    corrupt = sources(DIFFS + ADDED_SOURCES)
+    corrupt["common/ddtree_tree.py"] = base64.b64encode(b"# not the file\n").decode()
+    bad = run_module({"venv": str(venv), "manifests": manifests(), "sources": corrupt}, capsys)
+    assert bad["msg"].startswith("The change set is corrupt: the file common/ddtree_tree.py sent has sha256 ")
+
+    garbled = run_module(
+        {"venv": str(venv), "manifests": manifests(), "sources": {"common/ddtree_tree.py": "!!"}}, capsys
+    )
+    assert garbled["msg"].startswith("sources['common/ddtree_tree.py'] is not base64")
+
+    both = run_module({"venv": str(venv), "changeset_root": ROOT, "sources": {"x": ""}}, capsys)
+    assert both["msg"] == "sources go with manifests; with changeset_root the files are read on the node."
+    assert snapshot(site) == before
+
+
+# --- the action plugin, through ansible-playbook on localhost ---------------------------------
+
+PLAY = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - {name: apply, vllm_patch: {venv: "{{ venv }}", changeset_src: "{{ src }}"}, register: apply}
+    - {name: again, vllm_patch: {venv: "{{ venv }}", changeset_src: "{{ src }}"}, register: again}
+    - {name: dry, vllm_patch: {venv: "{{ venv }}", changeset_src: "{{ src }}", state: absent},
+       check_mode: true, diff: true, register: dry}
+    - {name: absent, vllm_patch: {venv: "{{ venv }}", changeset_src: "{{ src }}", state: absent}, register: absent}
+    - {name: tamper, ansible.builtin.copy: {dest: "{{ tampered }}", content: "tampered\\n", mode: "0644"}}
+    - {name: refused, vllm_patch: {venv: "{{ venv }}", changeset_src: "{{ src }}"}, register: refused,
+       ignore_errors: true}
+    - {name: both, vllm_patch: {venv: "{{ venv }}", changeset_src: "{{ src }}", changeset_root: /nowhere},
+       register: both, ignore_errors: true}
+    - name: results
+      ansible.builtin.copy:
+        dest: "{{ out }}"
+        mode: "0644"
+        content: "{{ {'apply': apply, 'again': again, 'dry': dry, 'absent': absent, 'refused': refused,
+                      'both': both} | to_json }}"
+"""
+
+
+def test_action_plugin_sends_files_only_when_something_changes(venv, tmp_path, pristine_files):
+    site = site_of(venv)
+    (tmp_path / "play.yml").write_text(PLAY)
+    (tmp_path / "localhost.ini").write_text(
+        f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n"
+    )
+    out = tmp_path / "results.json"
+    extra = {"venv": str(venv), "src": ROOT, "out": str(out), "tampered": str(site / "vllm/config/vllm.py")}
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), DFLASH_REPORT_DIR=str(tmp_path / "reports"))
+    res = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            str(tmp_path / "localhost.ini"),
+            str(tmp_path / "play.yml"),
+            "-e",
+            json.dumps(extra),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = json.loads(out.read_text())
+
+    assert got["apply"]["changed"] is True
+    assert sorted(got["apply"]["sources_sent"]) == sorted(DIFFS + ADDED_SOURCES)
+    assert got["again"]["changed"] is False
+    assert got["again"]["sources_sent"] == []
+    assert got["dry"]["changed"] is True
+    assert got["dry"]["check_mode"] is True
+    assert len(got["dry"]["diff"]) == 11
+    assert got["absent"]["changed"] is True
+    assert sorted(got["absent"]["sources_sent"]) == DIFFS
+    assert got["refused"]["failed"] is True
+    assert "Refusing to touch vLLM" in got["refused"]["msg"]
+    assert got["refused"]["sources_sent"] == []
+    assert got["both"]["msg"] == "Give changeset_src (on the controller) or changeset_root (on the node), not both."
+    for name in TOUCHED:
+        if name != "vllm/config/vllm.py":
+            assert (site / name).read_bytes() == pristine_files[name]
+    for name in ADDED:
+        assert not (site / name).exists()
+
+
+def test_action_plugin_serves_only_files_a_manifest_names(tmp_path):
+    spec = importlib.util.spec_from_file_location("vllm_patch_action", REPO / "plugins" / "action" / "vllm_patch.py")
+    action = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(action)
+    known = action.read_manifests(ROOT)
+    assert sorted(known) == ["0.20.1"]
+    assert action.named_sources(known) == set(DIFFS + ADDED_SOURCES)
+    sent = action.read_sources(ROOT, ["common/ddtree_tree.py"], known)
+    assert base64.b64decode(sent["common/ddtree_tree.py"]) == (Path(ROOT) / "common/ddtree_tree.py").read_bytes()
+    for name in ["build_changeset.py", "../../../ansible.cfg", "/etc/passwd", "vllm-0.20.1/manifest.json"]:
+        with pytest.raises(AnsibleError, match=r"which no change-set manifest under .* names; nothing was sent"):
+            action.read_sources(ROOT, [name], known)
+    with pytest.raises(AnsibleError, match=r"changeset_src .*/nowhere is not a directory on the controller"):
+        action.read_manifests(str(tmp_path / "nowhere"))
+    with pytest.raises(AnsibleError, match=r"holds no vllm-<version>/manifest.json: there is no change set"):
+        action.read_manifests(str(tmp_path))
 
 
 # --- the patched functions themselves, lifted out of the patched sources ------------
