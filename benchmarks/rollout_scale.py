@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import cpu_busy
+
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
@@ -41,14 +43,20 @@ class RunFailed(Exception):
     pass
 
 
+last_busy_cores = 0.0  # of the latest ansible() run: controller, SSH and lab nodes together
+
+
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def ansible(args: list[str], env: dict[str, str], log: Path) -> tuple[float, str]:
+    global last_busy_cores
     t0 = time.monotonic()
+    cpu = cpu_busy.snapshot()
     res = subprocess.run([str(BIN / "ansible-playbook"), *args], cwd=REPO, env=env, capture_output=True, text=True)
     took = time.monotonic() - t0
+    last_busy_cores = cpu_busy.busy_cores(cpu, cpu_busy.snapshot())
     log.write_text(res.stdout + res.stderr)
     if res.returncode != 0:
         raise RunFailed(
@@ -91,6 +99,7 @@ def main(argv: list[str]) -> int:
     }
     times: dict[str, list[float]] = {m: [] for m in modes}
     profiles: dict[str, list[dict]] = {m: [] for m in modes}
+    cpu_seconds: dict[str, list[float]] = {m: [] for m in modes}
     print(f"work dir {work}; load average at start {load()}", flush=True)
     try:
         subprocess.run(
@@ -123,8 +132,13 @@ def main(argv: list[str]) -> int:
                 if changed:
                     raise RunFailed(f"{m}, repeat {r + 1}: not idempotent, changed: {changed} (log {work / tag}.log)")
                 times[m].append(took)
+                cpu_seconds[m].append(took * last_busy_cores)
                 profiles[m].append(json.loads(prof.read_text()))
-                print(f"repeat {r + 1}: {m:<22} {took:7.2f} s  (load {load()})", flush=True)
+                print(
+                    f"repeat {r + 1}: {m:<22} {took:7.2f} s  (load {load()}; busy cores {last_busy_cores:.2f}"
+                    f" of {os.cpu_count()})",
+                    flush=True,
+                )
     except (RunFailed, subprocess.CalledProcessError) as e:
         print(f"FAILED: {e}", file=sys.stderr)
         return 1
@@ -141,6 +155,15 @@ def main(argv: list[str]) -> int:
     many = f"{a.nodes} nodes"
     verdict = "met" if statistics.median(times[many]) <= 1.5 * base else "NOT met"
     print(f"goal {many} <= 1.5x one node with default batching: {verdict}")
+    # CPU time is the floor of wall time on this machine: whatever the batching, a run that needs
+    # C CPU-seconds takes at least C / cores seconds.
+    cores = os.cpu_count() or 1
+    print(f"\nCPU-seconds used (controller, SSH and nodes together; {cores} cores):")
+    for m, cs in cpu_seconds.items():
+        floor = statistics.median(cs) / cores
+        print(
+            f"  {m:<22} {statistics.median(cs):7.1f} CPU-s  floor on {cores} cores {floor:6.2f} s = {floor / base:4.2f}x one node"
+        )
     for m in (many, f"{a.nodes} nodes, one batch", "1 node"):
         prof = profiles[m][len(profiles[m]) // 2]
         print(f"\nwhere the time of one '{m}' run goes ({prof['total_seconds']:.1f} s inside ansible-playbook):")
