@@ -46,6 +46,9 @@ def test_interrupted_up_is_repaired_and_down_leaves_nothing(lab) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A shell starts background jobs with SIGINT ignored, and children inherit that: restore the
+        # default so the interrupt below arrives however the tests were launched.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     # Interrupt once the node is recorded but before it is complete.
     deadline = time.monotonic() + 120
