@@ -31,6 +31,7 @@ from ansible.module_utils.model_stage import (
     check_space,
     describe,
     expected_digests,
+    fsync_path,
     leftovers,
     parse_sidecar,
     plan_stage,
@@ -301,14 +302,6 @@ def _header(path: str) -> dict[str, int]:
     except SafetensorsError as exc:
         raise StageError(str(exc)) from None
     return {name: t.nbytes for name, t in fh.tensors.items()}
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _check_writable(dest: str) -> str:
@@ -677,7 +670,7 @@ def commit(module: AnsibleModule) -> dict[str, Any]:
             changed = True
     if side != side_text:
         _atomic_write(os.path.join(dest, SIDECAR_NAME), side, uid, gid, 0o644)
-    _fsync_dir(dest)
+    fsync_path(dest)
     reread = sorted(f["name"] for f in transfers if f.get("prehashed") != f["digest"])
     return {"changed": changed, "files": merged, "transferred": sorted(new_records), "reread": reread, "swapped": False}
 

@@ -482,7 +482,8 @@ class NewSet:
     remove: set[str] = field(default_factory=set)  # names in dest left out of the new set
 
 
-def _fsync(path: str) -> None:
+def fsync_path(path: str) -> None:
+    """fsync a file or a directory (a directory's fsync makes renames in it durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -539,7 +540,7 @@ def prepare_set(dest: str, new: NewSet, uid: int, gid: int, dir_mode: int) -> st
         os.chmod(target, mode)
     os.chown(staging, uid, gid)
     os.chmod(staging, dir_mode)
-    _fsync(staging)
+    fsync_path(staging)
     return staging
 
 
@@ -556,7 +557,7 @@ def swap_set(dest: str, staging: str, exchange: Exchange = exchange_paths) -> No
         if exc.errno in UNSUPPORTED:
             raise _no_exchange(dest, exc) from None
         raise StageError(f"{dest}: swapping in the new set failed ({exc.strerror}); nothing was replaced") from None
-    _fsync(os.path.dirname(real))
+    fsync_path(os.path.dirname(real))
 
 
 def discard_old_set(staging: str) -> None:
