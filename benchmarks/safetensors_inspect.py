@@ -20,6 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -81,26 +82,18 @@ def measure(path: Path, repeats: int) -> tuple[list[float], list[float]]:
     Which of the two runs first alternates from one repeat to the next, so neither always runs
     right after the other (whose work leaves the CPU caches colder for the next).
     """
-    mine, base = [], []
+    samples: dict[Callable[[Path], object], list[float]] = {ours: [], baseline: []}
     clock = time.perf_counter
     for i in range(repeats):
-        if i % 2:
-            t0 = clock()
-            ours(path)
-            t1 = clock()
-            baseline(path)
-            t2 = clock()
-            mine.append(t1 - t0)
-            base.append(t2 - t1)
-        else:
-            t0 = clock()
-            baseline(path)
-            t1 = clock()
-            ours(path)
-            t2 = clock()
-            base.append(t1 - t0)
-            mine.append(t2 - t1)
-    return mine, base
+        first, second = (ours, baseline) if i % 2 else (baseline, ours)
+        t0 = clock()
+        first(path)
+        t1 = clock()
+        second(path)
+        t2 = clock()
+        samples[first].append(t1 - t0)
+        samples[second].append(t2 - t1)
+    return samples[ours], samples[baseline]
 
 
 def size_of(path: Path) -> int:
