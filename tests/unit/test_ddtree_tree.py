@@ -75,6 +75,16 @@ def _oracle(logits_b: torch.Tensor, budget: int) -> ref.HeapTree:
     return ref.heap_tree(logp_k, ids, budget)
 
 
+def _assert_is_heap_tree(tree, b: int, heap: ref.HeapTree) -> None:
+    """Request ``b`` of ``tree`` is the heap's tree: nodes, scores, mask and positions."""
+    assert tree.tokens[b].tolist() == heap.tokens
+    assert tree.depth[b].tolist() == heap.depths
+    assert tree.parent[b].tolist() == heap.parents
+    assert tree.scores[b].tolist() == heap.scores
+    assert tree.ancestor_mask[b].tolist() == ref.visibility(heap.parents)
+    assert tree.position_offsets[b].tolist() == [0, *heap.depths]
+
+
 def _brute_force(logits_b: torch.Tensor, budget: int) -> tuple[list[tuple[int, ...]], dict[tuple[int, ...], float]]:
     """Every prefix, ordered by the documented rule written out directly (no heap, no pruning)."""
     rows = logits_b.tolist()
@@ -170,12 +180,7 @@ def test_build_matches_heap_reference(batch: int, depth: int, vocab: int, budget
         tree = dt.build_trees(logits, budget)
         for b in range(batch):
             heap = _oracle(logits[b], budget)
-            assert tree.tokens[b].tolist() == heap.tokens
-            assert tree.depth[b].tolist() == heap.depths
-            assert tree.parent[b].tolist() == heap.parents
-            assert tree.scores[b].tolist() == heap.scores
-            assert tree.ancestor_mask[b].tolist() == ref.visibility(heap.parents)
-            assert tree.position_offsets[b].tolist() == [0, *heap.depths]
+            _assert_is_heap_tree(tree, b, heap)
 
 
 @pytest.mark.parametrize("budget", [100, 300])
@@ -526,12 +531,7 @@ def test_kernels_build_and_walk_match_the_heap_reference(
     walk = dt.walk_trees(tree, torch.tensor(targets).to(DEVICE), kernels=True)
     for b in range(batch):
         heap = _kernel_oracle(logits[b], budget)
-        assert tree.tokens[b].tolist() == heap.tokens
-        assert tree.depth[b].tolist() == heap.depths
-        assert tree.parent[b].tolist() == heap.parents
-        assert tree.scores[b].tolist() == heap.scores
-        assert tree.ancestor_mask[b].tolist() == ref.visibility(heap.parents)
-        assert tree.position_offsets[b].tolist() == [0, *heap.depths]
+        _assert_is_heap_tree(tree, b, heap)
         accepted, bonus = ref.walk(ref.child_maps(heap.tokens, heap.parents), targets[b])
         assert walk.accepted_nodes[b].tolist() == accepted + [-1] * (depth - len(accepted))
         assert walk.num_accepted[b].item() == len(accepted)
@@ -601,10 +601,7 @@ def test_cuda_matches_heap_reference(ties: bool, kernels: bool) -> None:
         assert tree.tokens.is_cuda and tree.ancestor_mask.is_cuda
         for b in range(4):
             heap = oracle(logits[b], budget)
-            assert tree.tokens[b].tolist() == heap.tokens
-            assert tree.parent[b].tolist() == heap.parents
-            assert tree.scores[b].tolist() == heap.scores
-            assert tree.ancestor_mask[b].tolist() == ref.visibility(heap.parents)
+            _assert_is_heap_tree(tree, b, heap)
         gen = torch.Generator().manual_seed(budget)
         targets = [_targets_along_tree(tree, b, 248320, gen, 0.8) for b in range(4)]
         walk = dt.walk_trees(tree, torch.tensor(targets).cuda(), kernels=kernels)
