@@ -342,15 +342,10 @@ class ExpandPlan:
     p2: int
 
 
-def expand_plan(num_depths: int, k: int, budget: int, pair_codes, device: torch.device) -> ExpandPlan:
-    """Candidate tables: the pairs that can reach each depth's top ``budget`` (``pair_codes``)."""
-    sizes, tables = [k], [list(range(k))]
-    for _ in range(1, num_depths):
-        n_prev = sizes[-1]
-        tables.append(pair_codes(n_prev, k, budget))
-        sizes.append(min(budget, n_prev * k))
+def expand_plan(k: int, sizes: list[int], tables: list[list[int]], budget: int, device: torch.device) -> ExpandPlan:
+    """``_expand``'s inputs: per depth the prefixes kept and the candidate (parent position, rank) codes."""
     p2 = _pow2(max(max(len(t) for t in tables), budget))
-    codes = torch.full((num_depths, p2), -1, dtype=torch.int32)
+    codes = torch.full((len(tables), p2), -1, dtype=torch.int32)
     for d, table in enumerate(tables):
         codes[d, : len(table)] = torch.tensor(table, dtype=torch.int32)
     return ExpandPlan(k=k, codes=codes.to(device), sizes=torch.tensor(sizes, dtype=torch.int32).to(device), p2=p2)

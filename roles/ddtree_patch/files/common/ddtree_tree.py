@@ -36,6 +36,7 @@ such tokens have probability 0 and come last).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import math
@@ -50,26 +51,21 @@ import torch
 
 __all__ = ["DDTree", "GraphedTrees", "TreeWalk", "build_trees", "ranked_logprobs", "walk_trees"]
 
-_KERNELS: list[ModuleType | None] = []
 
-
+@functools.cache
 def _kernels() -> ModuleType | None:
     """``ddtree_kernels`` beside this file (Triton kernels of the same build and walk), or None without Triton."""
-    if not _KERNELS:
-        if importlib.util.find_spec("triton") is None:
-            _KERNELS.append(None)
-        elif __package__:  # inside vLLM: vllm.v1.spec_decode.ddtree_kernels
-            _KERNELS.append(importlib.import_module(f"{__package__}.ddtree_kernels"))
-        else:  # loaded from its file (tests, benchmarks)
-            spec = importlib.util.spec_from_file_location(
-                "ddtree_kernels", Path(__file__).with_name("ddtree_kernels.py")
-            )
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module  # dataclasses look their module up there
-            spec.loader.exec_module(module)
-            _KERNELS.append(module)
-    return _KERNELS[0]
+    if importlib.util.find_spec("triton") is None:
+        return None
+    if __package__:  # inside vLLM: vllm.v1.spec_decode.ddtree_kernels
+        return importlib.import_module(f"{__package__}.ddtree_kernels")
+    # Loaded from its file (tests, benchmarks).
+    spec = importlib.util.spec_from_file_location("ddtree_kernels", Path(__file__).with_name("ddtree_kernels.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def _use_kernels(tensor: torch.Tensor, kernels: bool | None) -> ModuleType | None:
@@ -160,6 +156,14 @@ def _pair_codes(n_prev: int, k: int, keep: int) -> list[int]:
 _SORT_WHOLE_MAX = 4096
 
 
+def _level_sizes(num_depths: int, k: int, budget: int) -> list[int]:
+    """Prefixes kept per depth: the top ``budget`` of each depth, or all of them where fewer."""
+    sizes = [k]
+    for _ in range(1, num_depths):
+        sizes.append(min(budget, sizes[-1] * k))
+    return sizes
+
+
 @dataclass(frozen=True)
 class _Plan:
     """Everything about a build that depends only on (depth, vocab, budget): sizes and index tables.
@@ -191,12 +195,11 @@ def _plan(num_depths: int, vocab: int, budget: int, device: torch.device) -> _Pl
     if plan is not None:
         return plan
     k = min(budget, vocab)
-    sizes, tables, pruned = [k], [list(range(k))], [False]
-    for _ in range(1, num_depths):
-        n_prev = sizes[-1]
+    sizes = _level_sizes(num_depths, k, budget)
+    tables, pruned = [list(range(k))], [False]
+    for n_prev in sizes[:-1]:
         prune = n_prev * k > max(budget, _SORT_WHOLE_MAX)
         tables.append(_pair_codes(n_prev, k, budget) if prune else list(range(n_prev * k)))
-        sizes.append(min(budget, n_prev * k))
         pruned.append(prune)
     token_column: list[int] = []
     parent_entry: list[int] = []
@@ -225,14 +228,13 @@ def _plan(num_depths: int, vocab: int, budget: int, device: torch.device) -> _Pl
     return plan
 
 
-_EXPAND_PLANS: dict[tuple[int, int, int, str], object] = {}
-
-
-def _expand_plan(fused: ModuleType, num_depths: int, vocab: int, budget: int, device: torch.device) -> object:
-    key = (num_depths, vocab, budget, str(device))
-    if key not in _EXPAND_PLANS:
-        _EXPAND_PLANS[key] = fused.expand_plan(num_depths, min(budget, vocab), budget, _pair_codes, device)
-    return _EXPAND_PLANS[key]
+@functools.cache
+def _expand_plan(num_depths: int, vocab: int, budget: int, device: torch.device) -> object:
+    """The kernels' per-depth sizes and candidate tables (always pruned: one program ranks them)."""
+    k = min(budget, vocab)
+    sizes = _level_sizes(num_depths, k, budget)
+    tables = [list(range(k)), *(_pair_codes(n_prev, k, budget) for n_prev in sizes[:-1])]
+    return _kernels().expand_plan(k, sizes, tables, budget, device)
 
 
 def _ranked_top_tokens(logits: torch.Tensor, k: int, slots: torch.Tensor) -> torch.Tensor:
@@ -329,7 +331,7 @@ def build_trees(draft_logits: torch.Tensor, budget: int, *, kernels: bool | None
     fused = _use_kernels(draft_logits, kernels)
     if fused is not None:
         tokens, depth, parent, scores, mask, offsets = fused.build(
-            draft_logits, budget, _expand_plan(fused, num_depths, vocab, budget, draft_logits.device)
+            draft_logits, budget, _expand_plan(num_depths, vocab, budget, draft_logits.device)
         )
         return DDTree(tokens, depth, parent, scores, mask, offsets, num_depths)
     plan = _plan(num_depths, vocab, budget, draft_logits.device)
