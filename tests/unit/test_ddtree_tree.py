@@ -545,15 +545,19 @@ def test_kernels_build_and_walk_match_the_heap_reference(
 @pytest.mark.parametrize("ties", [False, True])
 def test_kernels_rank_few_candidates_and_fall_back_to_ranking_whole_rows(ties: bool, monkeypatch) -> None:
     kernels = dt._kernels()
-    rows = _random_logits(21, 1, 4, 300, ties=ties).reshape(4, 300).to(DEVICE)
+    rows = _random_logits(21, 1, 5, 300, ties=ties).reshape(5, 300).to(DEVICE)
     if ties:
         rows[1] = 1.0  # one row of equal logits: every element is a candidate
+    # 160 equal maxima over the first 10 chunks of 16: more candidates than the usual ranking
+    # step takes (64 for k = 10), fewer than the cap (256).
+    rows[4, :160] = 50.0
     ranked = [ref.rank_tokens(row)[:10] for row in rows.cpu().tolist()]
     ids, logp, count = kernels._ranked_logprobs(rows, 10)
     assert ids.cpu().tolist() == ranked
     assert (count >= 10).all()
     # Ordinary rows keep a few candidates, far under the whole row: the filter is what ran.
-    assert count[0].item() < 100 and count[2].item() < 100 and count[3].item() < 100
+    assert count[0].item() < 64 and count[2].item() < 64 and count[3].item() < 64
+    assert count[4].item() == 160
     if ties:
         assert count[1].item() == 300
     monkeypatch.setattr(kernels, "CANDIDATES", 8)  # fewer than k: every row overflows, the fallback ranks it

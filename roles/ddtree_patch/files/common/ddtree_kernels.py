@@ -1,4 +1,4 @@
-"""Triton kernels for one DDTree step: the tree build and the walk in nine launches, no host sync.
+"""Triton kernels for one DDTree step: the tree build in seven or eight launches and the walk in one, no host sync.
 
 ``ddtree_tree.build_trees`` / ``walk_trees`` define the result (see that module's docstring for
 the order of nodes and the tie rules); on CUDA they call the kernels here, which compute the same
@@ -16,14 +16,15 @@ Kernels, in launch order:
 2. ``_row_threshold``: per row the logsumexp and the k-th largest chunk max, a lower bound of
    the row's k-th largest logit;
 3. ``_gather_candidates``: per (row, chunk) appends the keys of the logits at or above it;
-4. ``_chunk_top_keys`` and ``_merge_top_keys``: the exact fallback for a row with more candidates
-   than fit (it ranks the whole row); for every other row they return at once;
+4. ``_chunk_top_keys`` and ``_merge_top_keys``: the exact fallback for a row with more
+   candidates than fit (it ranks the whole row); for every other row they return at once;
 5. ``_rank_rows``: per row the top k token ids in rank order and their log-probabilities (logit
    minus the row's logsumexp, float32);
 6. ``_expand``: per request the best-first tree: per depth the kept prefixes (stable top of the
    candidate (parent, rank) pairs), stopping at the first depth that cannot reach the first
    ``budget``, then the global order over all depths; writes tokens, depths, parents, scores and
-   position offsets;
+   position offsets. Where a lower bound of the N-th best score is known, only the keys at or
+   above it are ranked (``_top_into``);
 7. ``_ancestors``: the ancestor-or-self mask over ``[root] + nodes``.
 
 The walk is one kernel, ``_walk``.
@@ -47,6 +48,8 @@ STATS_CHUNK = 2048
 CANDIDATES = 4096
 # Vocabulary elements per program of the fallback's first kernel.
 CHUNK = 2048
+# The smallest int64: the key of no element, after every real key in a descending sort.
+NO_KEY = tl.constexpr(-(2**63))
 
 
 @triton.jit
@@ -121,6 +124,21 @@ def _gather_candidates(logits, vocab, threshold, count, cand, CAP: tl.constexpr,
 
 
 @triton.jit
+def _store_ranked(top, lse, ids_out, logp_out, row, k, K2: tl.constexpr):
+    slot = tl.arange(0, K2)
+    keep = slot < k
+    tl.store(ids_out + row * k + slot, _key_index(top), mask=keep)
+    tl.store(logp_out + row * k + slot, _key_value(top) - tl.load(lse + row), mask=keep)
+
+
+@triton.jit
+def _rank_candidates(cand, n, lse, ids_out, logp_out, row, k, CAP: tl.constexpr, SIZE: tl.constexpr, K2: tl.constexpr):
+    j = tl.arange(0, SIZE)
+    key = tl.load(cand + row * CAP + j, mask=j < n, other=NO_KEY)
+    _store_ranked(tl.topk(key, K2), lse, ids_out, logp_out, row, k, K2)
+
+
+@triton.jit
 def _chunk_top_keys(logits, vocab, n_chunks, keys, count, CAP: tl.constexpr, CHUNK: tl.constexpr, K2: tl.constexpr):
     """Exact fallback, for rows whose candidates overflowed: per chunk the top K2 keys."""
     row = tl.program_id(0).to(tl.int64)
@@ -129,7 +147,7 @@ def _chunk_top_keys(logits, vocab, n_chunks, keys, count, CAP: tl.constexpr, CHU
         ids = chunk * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
         valid = ids < vocab
         x = tl.load(logits + row * vocab + ids, mask=valid, other=float("-inf")).to(tl.float32)
-        key = tl.where(valid, _key(x, ids), -9223372036854775808)
+        key = tl.where(valid, _key(x, ids), NO_KEY)
         tl.store(keys + (row * n_chunks + chunk) * K2 + tl.arange(0, K2), tl.topk(key, K2))
 
 
@@ -141,7 +159,7 @@ def _merge_top_keys(keys_in, n_in, keys_out, n_out, count, CAP: tl.constexpr, GR
         group = tl.program_id(1)
         j = tl.arange(0, GROUP * K2)
         src = group * GROUP + j // K2
-        key = tl.load(keys_in + (row * n_in + src) * K2 + j % K2, mask=src < n_in, other=-9223372036854775808)
+        key = tl.load(keys_in + (row * n_in + src) * K2 + j % K2, mask=src < n_in, other=NO_KEY)
         tl.store(keys_out + (row * n_out + group) * K2 + tl.arange(0, K2), tl.topk(key, K2))
 
 
@@ -156,27 +174,41 @@ def _rank_rows(
     logp_out,
     k,
     CAP: tl.constexpr,
+    SMALL: tl.constexpr,
     GROUP: tl.constexpr,
     K2: tl.constexpr,
-    M: tl.constexpr,
 ):
-    """Per row: the top k keys of its candidates (or of the fallback's keys), as ids and log-probs."""
+    """Per row: the top k of its candidates (or of the fallback's keys), as ids and log-probs.
+    Ranking costs with the number of keys ranked, so each case ranks only as many as it has."""
     row = tl.program_id(0).to(tl.int64)
     n = tl.load(count + row)
-    overflow = n > CAP
-    j = tl.arange(0, M)
-    fitted = tl.load(cand + row * CAP + j, mask=(j < n) & (j < CAP) & ~overflow, other=-9223372036854775808)
-    src = j // K2
-    fallback = tl.load(
-        keys + (row * n_in + src) * K2 + j % K2,
-        mask=overflow & (src < n_in) & (j < GROUP * K2),
-        other=-9223372036854775808,
-    )
-    top = tl.topk(tl.where(overflow, fallback, fitted), K2)
-    slot = tl.arange(0, K2)
-    keep = slot < k
-    tl.store(ids_out + row * k + slot, _key_index(top), mask=keep)
-    tl.store(logp_out + row * k + slot, _key_value(top) - tl.load(lse + row), mask=keep)
+    if n <= SMALL:  # the usual case: a few more than k
+        _rank_candidates(cand, n, lse, ids_out, logp_out, row, k, CAP, SMALL, K2)
+    elif n <= CAP:
+        _rank_candidates(cand, n, lse, ids_out, logp_out, row, k, CAP, CAP, K2)
+    else:
+        j = tl.arange(0, GROUP * K2)
+        src = j // K2
+        key = tl.load(keys + (row * n_in + src) * K2 + j % K2, mask=src < n_in, other=NO_KEY)
+        _store_ranked(tl.topk(key, K2), lse, ids_out, logp_out, row, k, K2)
+
+
+@triton.jit
+def _top_into(key, sel, scratch, SEL: tl.constexpr, N2: tl.constexpr):
+    """Writes the top N2 of ``key`` (descending) to ``scratch[SEL : SEL + N2]``, exact in its first
+    entries as long as ``sel`` holds every key among them. Ranking costs with the number of keys
+    ranked: when the selected keys fit in SEL, only they are ranked, else all of ``key``."""
+    m = tl.sum(sel.to(tl.int32), 0)
+    o = tl.arange(0, N2)
+    if m <= SEL:
+        slot = tl.cumsum(sel.to(tl.int32), 0) - 1
+        tl.store(scratch + slot, key, mask=sel)
+        tl.debug_barrier()
+        q = tl.arange(0, SEL)
+        tl.store(scratch + SEL + o, tl.topk(tl.load(scratch + q, mask=q < m, other=NO_KEY), N2))
+    else:
+        tl.store(scratch + SEL + o, tl.topk(key, N2))
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -193,14 +225,17 @@ def _expand(
     parent_out,
     score_out,
     offsets_out,
+    scratch,
     D: tl.constexpr,
     K: tl.constexpr,
     N: tl.constexpr,
     N2: tl.constexpr,
     P2: tl.constexpr,
     E2: tl.constexpr,
+    SEL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
+    scratch += b * (SEL + N2)
     j = tl.arange(0, N2)
     # Depth 1 keeps its top K tokens, in rank order.
     first = tl.load(logp + b * D * K + j, mask=j < K, other=float("-inf"))
@@ -224,13 +259,23 @@ def _expand(
             rank = code % K
             prev = tl.load(level_score + (b * D + d - 1) * N2 + parent_pos, mask=valid, other=0.0)
             step = tl.load(logp + (b * D + d) * K + rank, mask=valid, other=0.0)
-            key = tl.where(valid, _key(prev + step, p), -9223372036854775808)
-            top = tl.topk(key, N2)
-            value = _key_value(top)
-            tl.store(level_score + (b * D + d) * N2 + j, value)
+            score = prev + step
+            # A lower bound of the depth's N-th best score (N candidates reach it, the same float
+            # sums as above): the first children of the N best parents, the N best children of the
+            # best parent; only candidates at or above it are ranked.
+            bound = float("-inf")
+            if tl.load(sizes + d - 1) >= N:
+                bound = tl.load(level_score + (b * D + d - 1) * N2 + N - 1) + tl.load(logp + (b * D + d) * K)
+            if K >= N:
+                bound = tl.maximum(
+                    bound, tl.load(level_score + (b * D + d - 1) * N2) + tl.load(logp + (b * D + d) * K + N - 1)
+                )
+            _top_into(tl.where(valid, _key(score, p), NO_KEY), valid & (score >= bound), scratch, SEL, N2)
+            top = tl.load(scratch + SEL + j)
+            tl.store(level_score + (b * D + d) * N2 + j, _key_value(top))
             tl.store(level_pos + (b * D + d) * N2 + j, _key_index(top).to(tl.int32))
             if tl.load(sizes + d) >= N:
-                tau = tl.maximum(tau, tl.max(tl.where(j == N - 1, value, float("-inf")), 0))
+                tau = tl.maximum(tau, _key_value(tl.load(scratch + SEL + N - 1)))
                 have_tau = tl.full((), 1, tl.int32)
             limit = tl.full((), 1, tl.int32) + d
     tl.debug_barrier()
@@ -240,7 +285,11 @@ def _expand(
     size = tl.load(sizes + e_depth, mask=e_depth < limit, other=0)
     kept = (e_depth < limit) & (e % N2 < size)
     score = tl.load(level_score + b * D * N2 + e, mask=kept, other=0.0)
-    top = tl.topk(tl.where(kept, _key(score, e.to(tl.int64)), -9223372036854775808), N2)
+    # tau bounds the N-th best score from below (N entries of one depth reach it).
+    _top_into(
+        tl.where(kept, _key(score, e.to(tl.int64)), NO_KEY), kept & ((have_tau == 0) | (score >= tau)), scratch, SEL, N2
+    )
+    top = tl.load(scratch + SEL + j)
     n = j
     live = n < N
     entry = _key_index(top)
@@ -263,14 +312,14 @@ def _expand(
 
 
 @triton.jit
-def _ancestors(parent, mask_out, D: tl.constexpr, N: tl.constexpr, ROWS: tl.constexpr, N1P: tl.constexpr):
+def _ancestors(parent, mask_out, N: tl.constexpr, ROWS: tl.constexpr, N1P: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS).to(tl.int64)
     cols = tl.arange(0, N1P).to(tl.int64)
     live = rows < N + 1
     node = rows - 1  # -1: the root's row
     seen = cols[None, :] == rows[:, None]
-    for _ in range(D):
+    while tl.max(node, 0) >= 0:  # one parent step per loop until every row has reached the root
         up = node >= 0
         node = tl.where(up, tl.load(parent + b * N + node, mask=live & up, other=-1), -1)
         seen = seen | (cols[None, :] == (node + 1)[:, None])
@@ -302,13 +351,10 @@ def _walk(
     up = tl.load(parent + b * N + n, mask=live, other=-1)
     chosen = tl.load(targets + b * (N + 1) + up + 1, mask=live, other=0)
     wrong = live & (token != chosen.to(tl.int64))
-    tl.store(mismatch + b * N + n, wrong.to(tl.int8), mask=live)
     t = tl.arange(0, D2)
     tl.store(accepted_out + b * D + t, tl.full((D2,), -1, tl.int64), mask=t < D)
-    tl.debug_barrier()
     # A node is accepted when no node on its path from the root (itself included) mismatches:
     # one masked reduction per block of rows of the ancestor mask, no walk step by step.
-    wrong_cols = tl.load(mismatch + b * N + n, mask=live, other=0) != 0
     for start in range(0, N2, ROWS):
         rows = start + tl.arange(0, ROWS).to(tl.int64)
         on_path = tl.load(
@@ -316,7 +362,7 @@ def _walk(
             mask=(rows < N)[:, None] & live[None, :],
             other=0,
         )
-        bad = tl.max((on_path != 0) & wrong_cols[None, :], 1)
+        bad = tl.max((on_path != 0) & wrong[None, :], 1)
         tl.store(mismatch + b * N + rows, (2 + bad.to(tl.int8)).to(tl.int8), mask=rows < N)
     tl.debug_barrier()
     ok = live & (tl.load(mismatch + b * N + n, mask=live, other=3) == 2)
@@ -382,10 +428,14 @@ def _ranked_logprobs(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
     lse = torch.empty(num_rows, dtype=torch.float32, device=device)
     cap = min(CANDIDATES, max(256, _pow2(8 * k2)))
     cand = torch.empty(num_rows, cap, dtype=torch.int64, device=device)
+    ids = torch.empty(num_rows, k, dtype=torch.int64, device=device)
+    logp = torch.empty(num_rows, k, dtype=torch.float32, device=device)
     _chunk_stats[(num_rows, n_chunks)](rows, vocab, n_chunks, stats, count, CHUNK=chunk)
     _row_threshold[(num_rows,)](stats, n_chunks, threshold, lse, k, K2=k2, CHUNKS2=max(_pow2(n_chunks), k2))
     _gather_candidates[(num_rows, n_chunks)](rows, vocab, threshold, count, cand, CAP=cap, CHUNK=chunk)
 
+    # The exact fallback, for rows with more candidates than the cap: per chunk, then per group of
+    # chunks, the top k keys. Launches that return at once for every other row.
     fb_chunk = max(CHUNK, k2)
     n_in = triton.cdiv(vocab, fb_chunk)
     keys = torch.empty(num_rows, n_in, k2, dtype=torch.int64, device=device)
@@ -396,23 +446,8 @@ def _ranked_logprobs(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
         merged = torch.empty(num_rows, n_out, k2, dtype=torch.int64, device=device)
         _merge_top_keys[(num_rows, n_out)](keys, n_in, merged, n_out, count, CAP=cap, GROUP=group, K2=k2)
         keys, n_in = merged, n_out
-    ids = torch.empty(num_rows, k, dtype=torch.int64, device=device)
-    logp = torch.empty(num_rows, k, dtype=torch.float32, device=device)
-    width = _pow2(n_in) * k2
-    _rank_rows[(num_rows,)](
-        cand,
-        count,
-        keys,
-        n_in,
-        lse,
-        ids,
-        logp,
-        k,
-        CAP=cap,
-        GROUP=_pow2(n_in),
-        K2=k2,
-        M=max(cap, width),
-    )
+    small = min(cap, max(64, 2 * k2))  # most rows have a few more than k candidates
+    _rank_rows[(num_rows,)](cand, count, keys, n_in, lse, ids, logp, k, CAP=cap, SMALL=small, GROUP=_pow2(n_in), K2=k2)
     return ids, logp, count
 
 
@@ -434,6 +469,8 @@ def build(draft_logits: torch.Tensor, budget: int, plan: ExpandPlan) -> tuple[to
     tokens, depth, parent = empty(batch, budget), empty(batch, budget), empty(batch, budget)
     scores = empty(batch, budget, dtype=torch.float32)
     offsets = empty(batch, budget + 1)
+    sel = 2 * n2  # keys a ranking step takes when the rest are known to rank below the first n2
+    scratch = empty(batch, sel + n2)
     _expand[(batch,)](
         ids,
         logp,
@@ -447,19 +484,19 @@ def build(draft_logits: torch.Tensor, budget: int, plan: ExpandPlan) -> tuple[to
         parent,
         scores,
         offsets,
+        scratch,
         D=num_depths,
         K=k,
         N=budget,
         N2=n2,
         P2=plan.p2,
         E2=e2,
+        SEL=sel,
         num_warps=8 if plan.p2 >= 1024 else 4,
     )
     mask = empty(batch, budget + 1, budget + 1, dtype=torch.bool)
     rows = 16
-    _ancestors[(batch, triton.cdiv(budget + 1, rows))](
-        parent, mask, D=num_depths, N=budget, ROWS=rows, N1P=_pow2(budget + 1)
-    )
+    _ancestors[(batch, triton.cdiv(budget + 1, rows))](parent, mask, N=budget, ROWS=rows, N1P=_pow2(budget + 1))
     return tokens, depth, parent, scores, mask, offsets
 
 

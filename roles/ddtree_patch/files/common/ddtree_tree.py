@@ -311,7 +311,7 @@ def build_trees(draft_logits: torch.Tensor, budget: int, *, kernels: bool | None
             request (any float dtype, any device; no NaN, no ``+inf``, each row with a finite logit).
         budget: ``N``, the number of nodes per tree (the root not counted); at most the number of
             distinct prefixes, which any real vocabulary exceeds.
-        kernels: build with the Triton kernels of ``ddtree_kernels`` (eight launches) instead of torch
+        kernels: build with the Triton kernels of ``ddtree_kernels`` (seven or eight launches) instead of torch
             operators (about a hundred). Default: on CUDA where Triton is installed. Same trees; the
             log-probabilities are the logit minus the row's logsumexp, which may differ from
             ``torch.log_softmax`` in the last bit, so trees can differ where two prefixes tie to
@@ -457,9 +457,12 @@ def walk_trees(tree: DDTree, target_tokens: torch.Tensor, *, kernels: bool | Non
 class GraphedTrees:
     """``build_trees`` and ``walk_trees`` for one fixed shape, replayed from CUDA graphs.
 
-    An eager step launches about a hundred small kernels, and on a GPU their launch cost, not their
-    work, dominates. This captures both functions once (after a warmup on a side stream) and then
-    each call is one input copy plus one graph replay. Results are the same as the eager calls.
+    An eager step launches a dozen kernels (about a hundred with ``kernels=False``), and on a GPU
+    their launch cost, not their work, dominates. This captures both functions once (after a
+    warmup on a side stream) and then each call is one graph replay, reading its inputs from the
+    static buffers :attr:`logits` and :attr:`targets`. A producer that writes there directly (the
+    drafter's output, say) saves the copy; ``build(x)`` / ``walk(t)`` copy ``x`` / ``t`` in first.
+    Results are the same as the eager calls.
 
     The returned tree and walk live in static buffers that the next ``build``/``walk`` overwrites:
     copy what must outlive the step. ``walk`` walks the tree of the latest ``build``.
@@ -480,35 +483,39 @@ class GraphedTrees:
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"GraphedTrees needs a CUDA device, got {device}: call build_trees/walk_trees instead")
-        self._logits = torch.zeros(batch, num_depths, vocab, dtype=dtype, device=device)
-        _check_build_args(self._logits, budget)
-        self._targets = torch.zeros(batch, budget + 1, dtype=torch.int64, device=device)
+        self.logits = torch.zeros(batch, num_depths, vocab, dtype=dtype, device=device)
+        _check_build_args(self.logits, budget)
+        self.targets = torch.zeros(batch, budget + 1, dtype=torch.int64, device=device)
         with torch.cuda.device(device):
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(warmup):
-                    walk_trees(build_trees(self._logits, budget, kernels=kernels), self._targets, kernels=kernels)
+                    walk_trees(build_trees(self.logits, budget, kernels=kernels), self.targets, kernels=kernels)
             torch.cuda.current_stream().wait_stream(side)
             self._build_graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self._build_graph):
-                self.tree = build_trees(self._logits, budget, kernels=kernels)
+                self.tree = build_trees(self.logits, budget, kernels=kernels)
             self._walk_graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self._walk_graph):
-                self.walk_result = walk_trees(self.tree, self._targets, kernels=kernels)
+                self.walk_result = walk_trees(self.tree, self.targets, kernels=kernels)
 
-    def build(self, draft_logits: torch.Tensor) -> DDTree:
-        """``build_trees(draft_logits, budget)`` for logits of the captured shape (any dtype is cast)."""
-        if draft_logits.shape != self._logits.shape:
-            raise ValueError(f"draft_logits must be {list(self._logits.shape)}, got {list(draft_logits.shape)}")
-        self._logits.copy_(draft_logits)
+    def build(self, draft_logits: torch.Tensor | None = None) -> DDTree:
+        """``build_trees(draft_logits, budget)`` for logits of the captured shape (any dtype is cast);
+        without an argument, of what :attr:`logits` holds."""
+        if draft_logits is not None:
+            if draft_logits.shape != self.logits.shape:
+                raise ValueError(f"draft_logits must be {list(self.logits.shape)}, got {list(draft_logits.shape)}")
+            self.logits.copy_(draft_logits)
         self._build_graph.replay()
         return self.tree
 
-    def walk(self, target_tokens: torch.Tensor) -> TreeWalk:
-        """``walk_trees(tree, target_tokens)`` on the tree of the latest ``build``."""
-        if target_tokens.shape != self._targets.shape:
-            raise ValueError(f"target_tokens must be {list(self._targets.shape)}, got {list(target_tokens.shape)}")
-        self._targets.copy_(target_tokens)
+    def walk(self, target_tokens: torch.Tensor | None = None) -> TreeWalk:
+        """``walk_trees(tree, target_tokens)`` on the tree of the latest ``build``; without an
+        argument, with what :attr:`targets` holds."""
+        if target_tokens is not None:
+            if target_tokens.shape != self.targets.shape:
+                raise ValueError(f"target_tokens must be {list(self.targets.shape)}, got {list(target_tokens.shape)}")
+            self.targets.copy_(target_tokens)
         self._walk_graph.replay()
         return self.walk_result
