@@ -272,7 +272,7 @@ def ranked_logprobs(rows: torch.Tensor, k: int, *, kernels: bool | None = None) 
     fused = _use_kernels(rows, kernels)
     if fused is not None:
         return fused.ranked_logprobs(rows, k)
-    slots = _plan(1, int(rows.shape[-1]), k, rows.device).slots[:k]
+    slots = _table(("slots", k), lambda: torch.arange(k), rows.device)
     top_ids = _ranked_top_tokens(rows, k, slots)
     return top_ids, torch.log_softmax(rows, dim=-1, dtype=torch.float32).gather(1, top_ids)
 
