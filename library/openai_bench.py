@@ -36,7 +36,7 @@ DOCUMENTATION = r"""
 module: openai_bench
 short_description: Benchmark an OpenAI-compatible inference server (tokens per second, TTFT, acceptance)
 description:
-  - Sends a fixed prompt set as streamed completions (C(stream: true) on C(/v1/completions), with
+  - Sends a fixed prompt set as streamed completions (C(stream) set to true on C(/v1/completions), with
     C(stream_options.include_usage)) at each concurrency level of a sweep, one level after the other,
     after I(warmup) unmeasured requests.
   - Per level it reports the aggregate output throughput (output tokens over the level's wall time),
@@ -46,8 +46,8 @@ description:
     (null for a server without them, e.g. SGLang). Output tokens are the server's
     C(usage.completion_tokens); a server that sends no usage is counted one token per chunk
     (C(tokens_from_usage) false).
-  - The counters count every request the server serves: run it while nothing else sends traffic.
-  - Read-only on the node: it runs the same in check mode. Fails with a sentence when the server is
+  - The counters count every request the server serves; run it while nothing else sends traffic.
+  - Read-only on the node, so it runs the same in check mode. Fails with a sentence when the server is
     not healthy or a request fails; the API key is never logged or returned.
 options:
   url:

@@ -35,7 +35,7 @@ description:
   - With I(unit), also reads the systemd unit's state, so a caller waiting for health can stop
     waiting when the unit failed or is crash-looping (a unit can be C(active) while it restarts).
   - Never fails because of what it finds (the caller asserts on the result); fails only on bad
-    parameters. Read-only: it changes nothing on the node, so it runs the same in check mode.
+    parameters. Read-only (it changes nothing on the node), so it runs the same in check mode.
 options:
   url:
     description: Base URL of the server, e.g. C(http://127.0.0.1:8000).

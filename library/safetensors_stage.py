@@ -53,7 +53,7 @@ description:
   - Puts drafter (or any) weights into I(dest) as C(model.safetensors), or as shards plus
     C(model.safetensors.index.json) (written when the source has shards but no index).
   - Checks free space first, transfers each file to a temporary name inside I(dest) with rsync over
-    the host's SSH settings (C(--partial --append-verify): an interrupted transfer resumes), verifies
+    the host's SSH settings (C(--partial --append-verify), so an interrupted transfer resumes), verifies
     size, SHA-256 and the safetensors header, then renames into place and sets owner, group and mode.
   - When more than one file changes (a shard set), the complete new set is built in a staging
     directory beside I(dest) (unchanged and unrelated files hard-linked) and swapped with I(dest) in

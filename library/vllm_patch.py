@@ -11,7 +11,7 @@ description:
   - Finds vLLM in O(venv) from its dist-info METADATA, without importing it (no torch needed).
   - Loads the change set kept for that exact vLLM release under O(changeset_root)
     (C(vllm-<version>/manifest.json)), or from O(manifests) and O(sources) passed in (what the
-    controller side of this module does: no change-set file is copied to the node). A release
+    controller side of this module does; no change-set file is copied to the node). A release
     without a change set is refused.
   - With O(manifests), files are first judged by digest alone; when a change is needed and a diff or
     added file it needs is not in O(sources), the module fails with nothing changed and names them
@@ -51,6 +51,7 @@ options:
       - Diffs and added files of the change set, base64, keyed by their path relative to the
         change-set root (as the manifest names them). Only with O(manifests).
     type: dict
+    default: {}
   changeset_src:
     description:
       - Directory on the controller holding C(vllm-<version>/) change sets (the role's C(files/)).

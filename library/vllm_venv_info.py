@@ -17,7 +17,7 @@ description:
     drafter model and its registry entry; tree attention for DDTree). vLLM is not imported, so this
     works where torch cannot load (no GPU, or vLLM installed with C(--no-deps)).
   - With O(verify_import), also imports those classes in the venv's Python (needs torch and a
-    working CUDA stack: use on GPU nodes).
+    working CUDA stack; use on GPU nodes).
   - Also reports what the files say about the release (torch pin, aux-layer fix, sliding layers).
 version_added: "1.0.0"
 options:

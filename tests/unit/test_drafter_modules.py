@@ -209,17 +209,3 @@ def test_safetensors_info_module_fails_cleanly(tmp_path, capsys):
     out = run(safetensors_info, {"path": str(tmp_path / "x.safetensors")}, capsys)
     assert out["failed"] is True
     assert "exceeds the 104857600-byte limit" in out["msg"]
-
-
-@pytest.mark.parametrize("module", [dflash_config, safetensors_info], ids=["dflash_config", "safetensors_info"])
-def test_documentation_parses_and_matches_the_argument_spec(module):
-    import yaml
-
-    doc = yaml.safe_load(module.DOCUMENTATION)
-    assert yaml.safe_load(module.EXAMPLES)
-    assert yaml.safe_load(module.RETURN)
-    assert set(doc["options"]) == set(module.ARGUMENT_SPEC)
-    for name, spec in module.ARGUMENT_SPEC.items():
-        assert doc["options"][name]["type"] == spec["type"], name
-        assert doc["options"][name].get("default") == spec.get("default"), name
-    assert doc["attributes"]["check_mode"]["support"] == "full"
