@@ -49,17 +49,9 @@ description:
   - The counters count every request the server serves; run it while nothing else sends traffic.
   - Read-only on the node, so it runs the same in check mode. Fails with a sentence when the server is
     not healthy or a request fails; the API key is never logged or returned.
+extends_documentation_fragment:
+  - openai_endpoint
 options:
-  url:
-    description: Base URL of the server, e.g. C(http://127.0.0.1:8000).
-    type: str
-    required: true
-  api_key:
-    description: Bearer token for C(/v1/*). Never logged or returned.
-    type: str
-  model:
-    description: Model name for the completions; default is the first one C(/v1/models) lists.
-    type: str
   prompts:
     description: The prompt set, sent in order and cycled through.
     type: list

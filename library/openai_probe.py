@@ -36,17 +36,9 @@ description:
     waiting when the unit failed or is crash-looping (a unit can be C(active) while it restarts).
   - Never fails because of what it finds (the caller asserts on the result); fails only on bad
     parameters. Read-only (it changes nothing on the node), so it runs the same in check mode.
+extends_documentation_fragment:
+  - openai_endpoint
 options:
-  url:
-    description: Base URL of the server, e.g. C(http://127.0.0.1:8000).
-    type: str
-    required: true
-  api_key:
-    description: Bearer token for C(/v1/*). Never logged or returned.
-    type: str
-  model:
-    description: Model name for completions; default is the first one C(/v1/models) lists.
-    type: str
   requests:
     description: Completions to send. C(0) reads C(/health) (and the unit) only.
     type: int
