@@ -2,7 +2,8 @@
 
 The roles' own argument specs are the source of truth for variable names and types, so a typo
 (`service_swap_num_speculative_token`), a boolean written as a string ("yes") or a number in
-quotes is reported by name before anything changes, in one sentence per problem.
+quotes is reported by name before anything changes, in one sentence per problem. Settings of
+different roles that describe the same thing must also agree (``combination_problems``).
 """
 
 from __future__ import annotations
@@ -74,6 +75,64 @@ def type_problem(name: str, value: Any, spec: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _effective(name: str, hostvars: Mapping[str, Any], specs: Mapping[str, Any], roles_dir: str) -> tuple[Any, str]:
+    """The host's value of a role variable, or its role's default; and which of the two it is."""
+    value = hostvars.get(name)
+    if name in hostvars and not isinstance(value, jinja2.Undefined):
+        return value, "the inventory"
+    defaults = Path(roles_dir) / str(specs[name]["role"]) / "defaults" / "main.yml"
+    data = yaml.safe_load(defaults.read_text()) if defaults.is_file() else None
+    return (data or {}).get(name), "the role default"
+
+
+# Variables of different roles that name the same thing, and what it is.
+SAME_VALUE: tuple[tuple[tuple[str, ...], str], ...] = (
+    (
+        ("model_stage_dest", "drafter_config_drafter_dir", "service_swap_drafter_dir"),
+        "the drafter's directory (model_stage puts the weights there, drafter_config writes config.json"
+        " there, the vLLM unit loads the drafter from there)",
+    ),
+)
+
+
+def combination_problems(hostvars: Mapping[str, Any], specs: Mapping[str, Any], roles_dir: str) -> list[str]:
+    """Settings of different roles that must agree (each may come from the inventory or a default)."""
+    problems = []
+    for names, what in SAME_VALUE:
+        if all(name in specs for name in names):
+            values = [_effective(name, hostvars, specs, roles_dir) for name in names]
+            if all(isinstance(v, str) for v, _ in values) and len({v for v, _ in values}) > 1:
+                listed = ", ".join(f"{n} ({src}) is {v}" for n, (v, src) in zip(names, values, strict=True))
+                problems.append(f"{listed}: they all name {what}; set them to the same path.")
+    return problems + _sliding_problems(hostvars, specs, roles_dir)
+
+
+def _sliding_problems(hostvars: Mapping[str, Any], specs: Mapping[str, Any], roles_dir: str) -> list[str]:
+    names = ("drafter_config_layer_types", "vllm_install_sliding_drafter")
+    if not all(name in specs for name in names):
+        return []
+    (layer_types, types_from), (sliding, sliding_from) = (_effective(n, hostvars, specs, roles_dir) for n in names)
+    # [] lets the module decide: nothing to compare then.
+    if not isinstance(layer_types, list) or not layer_types or not isinstance(sliding, bool):
+        return []
+    slides = sum(t == "sliding_attention" for t in layer_types)
+    if bool(slides) == sliding:
+        return []
+    if slides:
+        return [
+            f"drafter_config_layer_types ({types_from}) marks {slides} of {len(layer_types)} draft layers"
+            f" sliding_attention, but vllm_install_sliding_drafter ({sliding_from}) is false: both describe the"
+            " same drafter. vLLM 0.20.1 with this project's change set refuses such a drafter when it starts,"
+            " after SGLang is stopped; set vllm_install_sliding_drafter: true (its preflight then says which"
+            " releases run it) or, for a drafter whose layers are all full attention, list them as full_attention."
+        ]
+    return [
+        f"vllm_install_sliding_drafter ({sliding_from}) is true but drafter_config_layer_types ({types_from})"
+        " has no sliding_attention layer: both describe the same drafter; set vllm_install_sliding_drafter:"
+        " false, or list the drafter's sliding layers."
+    ]
+
+
 def inventory_problems(
     hostvars: Mapping[str, Any],
     host: str,
@@ -104,6 +163,8 @@ def inventory_problems(
         problem = type_problem(name, value, specs[name])
         if problem:
             problems.append(problem)
+    if not problems:  # comparing values of the wrong type would say less than the problems above
+        problems.extend(combination_problems(hostvars, specs, roles_dir))
     return [f"{host}: {p}" for p in problems]
 
 
