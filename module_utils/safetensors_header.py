@@ -191,11 +191,16 @@ def _parse_header(
     definition), which the tests compare the shortcut against."""
     where = f"{path}: header"
     obj = _load_json(header, where, strict=False)
-    # Duplicate tensor names: a plain parse keeps the last one silently. Each entry holds exactly
-    # one "data_offsets", so any other count means a duplicate (or a name containing that word):
-    # then parse again, refusing duplicate keys at any depth, to report it exactly.
-    if type(obj) is dict and header.count(b'"data_offsets"') != len(obj) - ("__metadata__" in obj):
-        obj = _load_json(header, where)
+    # Duplicate keys (a tensor name, a field inside an entry, a metadata key): a plain parse keeps
+    # the last one silently. A compact header has exactly one ':' per member of each object: per
+    # entry its name and its three fields, per metadata item one. Any other count means a
+    # duplicate, a ':' inside a string or an extra field; then the strict parse decides, refusing
+    # duplicate keys at any depth before anything else is judged (and costs time only then).
+    if type(obj) is dict:
+        meta = obj.get("__metadata__")
+        entries = len(obj) - ("__metadata__" in obj)
+        if header.count(b":") != len(obj) + 3 * entries + (len(meta) if type(meta) is dict else 0):
+            _load_json(header, where)
     if type(obj) is not dict:
         raise SafetensorsError(f"{where} is JSON but not an object (got {type(obj).__name__})")
     metadata: dict[str, str] = {}
@@ -243,12 +248,6 @@ def _parse_header(
         if begin != offset:
             in_order = False
         offset = end
-    # Duplicates the count above cannot see (a junk member then a valid one of the same name, a
-    # repeated field inside an entry or in __metadata__): a compact header has exactly one ':' per
-    # member of each object, so any other count means a duplicate, a ':' inside a string or an
-    # extra field; then the strict parse decides (and costs time only for such headers).
-    if header.count(b":") != len(obj) + 3 * len(tensors) + len(metadata):
-        _load_json(header, where)
     if not (in_order and in_order_shortcut):
         offset = _check_spans(tensors, where)
     if offset != data_len:
