@@ -9,6 +9,7 @@ different roles that describe the same thing must also agree (``combination_prob
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -75,14 +76,19 @@ def type_problem(name: str, value: Any, spec: Mapping[str, Any]) -> str | None:
     return None
 
 
+@functools.cache
+def _role_defaults(path: Path) -> Mapping[str, Any]:
+    """A role's defaults/main.yml, read once per run however many hosts and variables ask."""
+    return (yaml.safe_load(path.read_text()) if path.is_file() else None) or {}
+
+
 def _effective(name: str, hostvars: Mapping[str, Any], specs: Mapping[str, Any], roles_dir: str) -> tuple[Any, str]:
     """The host's value of a role variable, or its role's default; and which of the two it is."""
     value = hostvars.get(name)
     if name in hostvars and not isinstance(value, jinja2.Undefined):
         return value, "the inventory"
-    defaults = Path(roles_dir) / str(specs[name]["role"]) / "defaults" / "main.yml"
-    data = yaml.safe_load(defaults.read_text()) if defaults.is_file() else None
-    return (data or {}).get(name), "the role default"
+    defaults = _role_defaults(Path(roles_dir).resolve() / str(specs[name]["role"]) / "defaults" / "main.yml")
+    return defaults.get(name), "the role default"
 
 
 # Variables of different roles that name the same thing, and what it is.
