@@ -8,9 +8,10 @@ extra CPU work then lengthens it.
 from __future__ import annotations
 
 import os
+import time
 
 
-def snapshot() -> tuple[int, int]:
+def _jiffies() -> tuple[int, int]:
     """(idle, total) jiffies of all CPUs since boot."""
     with open("/proc/stat", encoding="ascii") as fh:
         fields = [int(x) for x in fh.readline().split()[1:]]
@@ -18,8 +19,20 @@ def snapshot() -> tuple[int, int]:
     return idle, sum(fields[:8])  # user nice system idle iowait irq softirq steal
 
 
-def busy_cores(before: tuple[int, int], after: tuple[int, int]) -> float:
-    """Average number of busy cores between two snapshots."""
-    idle = after[0] - before[0]
-    total = after[1] - before[1]
-    return (os.cpu_count() or 1) * (1 - idle / total) if total else 0.0
+class Interval:
+    """``with Interval() as span:`` times the block: ``span.seconds`` (wall) and ``span.cores``
+    (average busy cores over it)."""
+
+    seconds = 0.0
+    cores = 0.0
+
+    def __enter__(self) -> Interval:
+        self._start = (time.monotonic(), _jiffies())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        t0, (idle0, total0) = self._start
+        self.seconds = time.monotonic() - t0
+        idle, total = _jiffies()
+        busy = 1 - (idle - idle0) / (total - total0) if total > total0 else 0.0
+        self.cores = (os.cpu_count() or 1) * busy

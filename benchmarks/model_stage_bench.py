@@ -173,23 +173,22 @@ def main(argv: list[str]) -> int:
         ratios: dict[str, list[float]] = {"first": [], "rerun": []}
 
         def plain_rsync() -> None:
-            t = time.monotonic()
-            cpu = cpu_busy.snapshot()
-            subprocess.run(
-                [
-                    "rsync",
-                    "--times",
-                    "-e",
-                    " ".join(ssh),
-                    "--rsync-path",
-                    "sudo -n rsync",
-                    str(src),
-                    f"{target}:/opt/bench/rsync/model.safetensors",
-                ],
-                check=True,
-            )
-            rows["rsync"].append(time.monotonic() - t)
-            rows["rsync_cores"].append(cpu_busy.busy_cores(cpu, cpu_busy.snapshot()))
+            with cpu_busy.Interval() as span:
+                subprocess.run(
+                    [
+                        "rsync",
+                        "--times",
+                        "-e",
+                        " ".join(ssh),
+                        "--rsync-path",
+                        "sudo -n rsync",
+                        str(src),
+                        f"{target}:/opt/bench/rsync/model.safetensors",
+                    ],
+                    check=True,
+                )
+            rows["rsync"].append(span.seconds)
+            rows["rsync_cores"].append(span.cores)
             node("sync")
 
         for rep in range(a.repeat):
@@ -200,9 +199,9 @@ def main(argv: list[str]) -> int:
             stage = STAGE_TASK.format(src=src, dest="/opt/bench/stage", cache=work / f"cache-{rep}", sha256=digest)
             if rep % 2 == 0:  # alternate which goes first, so a load change does not favour one side
                 plain_rsync()
-            cpu = cpu_busy.snapshot()
-            t1, wall, changed, phases = run_play(inv, stage, work, env)
-            rows["stage1_cores"].append(cpu_busy.busy_cores(cpu, cpu_busy.snapshot()))
+            with cpu_busy.Interval() as span:
+                t1, wall, changed, phases = run_play(inv, stage, work, env)
+            rows["stage1_cores"].append(span.cores)
             assert changed, "first staging reported no change"
             node("sync")
             if rep % 2 == 1:

@@ -29,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import cpu_busy
@@ -43,26 +42,20 @@ class RunFailed(Exception):
     pass
 
 
-last_busy_cores = 0.0  # of the latest ansible() run: controller, SSH and lab nodes together
-
-
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def ansible(args: list[str], env: dict[str, str], log: Path) -> tuple[float, str]:
-    global last_busy_cores
-    t0 = time.monotonic()
-    cpu = cpu_busy.snapshot()
-    res = subprocess.run([str(BIN / "ansible-playbook"), *args], cwd=REPO, env=env, capture_output=True, text=True)
-    took = time.monotonic() - t0
-    last_busy_cores = cpu_busy.busy_cores(cpu, cpu_busy.snapshot())
+def ansible(args: list[str], env: dict[str, str], log: Path) -> tuple[cpu_busy.Interval, str]:
+    """Run ansible-playbook; its wall time and busy cores (controller, SSH and lab nodes), its output."""
+    with cpu_busy.Interval() as span:
+        res = subprocess.run([str(BIN / "ansible-playbook"), *args], cwd=REPO, env=env, capture_output=True, text=True)
     log.write_text(res.stdout + res.stderr)
     if res.returncode != 0:
         raise RunFailed(
             f"ansible-playbook {' '.join(args)} failed (rc {res.returncode}); output in {log}:\n{res.stdout[-3000:]}"
         )
-    return took, res.stdout
+    return span, res.stdout
 
 
 def main(argv: list[str]) -> int:
@@ -115,27 +108,27 @@ def main(argv: list[str]) -> int:
             check=True,
         )
         ansible(["-i", str(inv), "tests/lab/wheelhouse.yml"], env, work / "wheelhouse.log")
-        took, _ = ansible(
+        span, _ = ansible(
             ["-i", str(inv), "site.yml"], dict(env, TASK_TIMES_FILE=str(work / "converge.json")), work / "converge.log"
         )
-        print(f"converge on {a.nodes} nodes: {took:.1f} s", flush=True)
+        print(f"converge on {a.nodes} nodes: {span.seconds:.1f} s", flush=True)
         names = list(modes)
         for r in range(a.repeats):
             order = names[r % len(names) :] + names[: r % len(names)]
             for m in order:
                 tag = f"{r + 1}-{m.replace(' ', '_').replace(',', '')}"
                 prof = work / f"{tag}.json"
-                took, out = ansible(
+                span, out = ansible(
                     ["-i", str(inv), "site.yml", *modes[m]], dict(env, TASK_TIMES_FILE=str(prof)), work / f"{tag}.log"
                 )
                 changed = {h: int(c) for h, _, c, _, _ in RECAP.findall(out) if int(c)}
                 if changed:
                     raise RunFailed(f"{m}, repeat {r + 1}: not idempotent, changed: {changed} (log {work / tag}.log)")
-                times[m].append(took)
-                cpu_seconds[m].append(took * last_busy_cores)
+                times[m].append(span.seconds)
+                cpu_seconds[m].append(span.seconds * span.cores)
                 profiles[m].append(json.loads(prof.read_text()))
                 print(
-                    f"repeat {r + 1}: {m:<22} {took:7.2f} s  (load {load()}; busy cores {last_busy_cores:.2f}"
+                    f"repeat {r + 1}: {m:<22} {span.seconds:7.2f} s  (load {load()}; busy cores {span.cores:.2f}"
                     f" of {os.cpu_count()})",
                     flush=True,
                 )
