@@ -152,15 +152,21 @@ def _chunk_top_keys(logits, vocab, n_chunks, keys, count, CAP: tl.constexpr, CHU
 
 
 @triton.jit
+def _top_of_group(keys, n_in, row, group, GROUP: tl.constexpr, K2: tl.constexpr):
+    """The top K2 of the K2-key lists ``group * GROUP ..`` (up to GROUP of them) of a row's ``n_in``."""
+    j = tl.arange(0, GROUP * K2)
+    src = group * GROUP + j // K2
+    return tl.topk(tl.load(keys + (row * n_in + src) * K2 + j % K2, mask=src < n_in, other=NO_KEY), K2)
+
+
+@triton.jit
 def _merge_top_keys(keys_in, n_in, keys_out, n_out, count, CAP: tl.constexpr, GROUP: tl.constexpr, K2: tl.constexpr):
     """Exact fallback: merges groups of chunks' top keys."""
     row = tl.program_id(0).to(tl.int64)
     if tl.load(count + row) > CAP:
         group = tl.program_id(1)
-        j = tl.arange(0, GROUP * K2)
-        src = group * GROUP + j // K2
-        key = tl.load(keys_in + (row * n_in + src) * K2 + j % K2, mask=src < n_in, other=NO_KEY)
-        tl.store(keys_out + (row * n_out + group) * K2 + tl.arange(0, K2), tl.topk(key, K2))
+        top = _top_of_group(keys_in, n_in, row, group, GROUP, K2)
+        tl.store(keys_out + (row * n_out + group) * K2 + tl.arange(0, K2), top)
 
 
 @triton.jit
@@ -186,11 +192,8 @@ def _rank_rows(
         _rank_candidates(cand, n, lse, ids_out, logp_out, row, k, CAP, SMALL, K2)
     elif n <= CAP:
         _rank_candidates(cand, n, lse, ids_out, logp_out, row, k, CAP, CAP, K2)
-    else:
-        j = tl.arange(0, GROUP * K2)
-        src = j // K2
-        key = tl.load(keys + (row * n_in + src) * K2 + j % K2, mask=src < n_in, other=NO_KEY)
-        _store_ranked(tl.topk(key, K2), lse, ids_out, logp_out, row, k, K2)
+    else:  # the fallback's last keys, all in one group
+        _store_ranked(_top_of_group(keys, n_in, row, 0, GROUP, K2), lse, ids_out, logp_out, row, k, K2)
 
 
 @triton.jit
@@ -251,8 +254,9 @@ def _expand(
     limit = tl.full((), 1, tl.int32)  # depths 0..limit-1 (0-based) hold the kept lists
     for d in range(1, D):
         tl.debug_barrier()  # the previous depth's stores are read below
-        best = tl.load(level_score + (b * D + d - 1) * N2) + tl.load(logp + (b * D + d) * K)
-        if (limit == d) & ((have_tau == 0) | (best > tau)):
+        best_parent = tl.load(level_score + (b * D + d - 1) * N2)
+        best_step = tl.load(logp + (b * D + d) * K)
+        if (limit == d) & ((have_tau == 0) | (best_parent + best_step > tau)):
             code = tl.load(codes + d * P2 + p).to(tl.int64)
             valid = code >= 0
             parent_pos = code // K
@@ -265,11 +269,9 @@ def _expand(
             # best parent; only candidates at or above it are ranked.
             bound = float("-inf")
             if tl.load(sizes + d - 1) >= N:
-                bound = tl.load(level_score + (b * D + d - 1) * N2 + N - 1) + tl.load(logp + (b * D + d) * K)
+                bound = tl.load(level_score + (b * D + d - 1) * N2 + N - 1) + best_step
             if K >= N:
-                bound = tl.maximum(
-                    bound, tl.load(level_score + (b * D + d - 1) * N2) + tl.load(logp + (b * D + d) * K + N - 1)
-                )
+                bound = tl.maximum(bound, best_parent + tl.load(logp + (b * D + d) * K + N - 1))
             _top_into(tl.where(valid, _key(score, p), NO_KEY), valid & (score >= bound), scratch, SEL, N2)
             top = tl.load(scratch + SEL + j)
             tl.store(level_score + (b * D + d) * N2 + j, _key_value(top))
