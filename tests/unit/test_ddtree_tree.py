@@ -52,9 +52,11 @@ def _probs_to_logits(*requests: list[list[float]]) -> torch.Tensor:
     return torch.log(torch.tensor(requests, dtype=torch.float64)).float()
 
 
-def _random_logits(seed: int, batch: int, depth: int, vocab: int, *, ties: bool = False) -> torch.Tensor:
+def _random_logits(
+    seed: int, batch: int, depth: int, vocab: int, *, ties: bool = False, scale: float = 3.0
+) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(batch, depth, vocab, generator=gen) * 3.0
+    logits = torch.randn(batch, depth, vocab, generator=gen) * scale
     if ties:
         # Few distinct values: many equal logits and equal prefix scores.
         # Some tokens of probability 0 too, keeping each row's best token finite.
@@ -500,10 +502,14 @@ def test_walk_rejects_bad_targets(target: torch.Tensor) -> None:
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KERNEL_CASES = [
-    # (seed, batch, depth, vocab, budget, ties)
-    (11, 2, 3, 7, 10, False),
-    (12, 2, 4, 3, 40, False),  # budget > vocab: every depth keeps whole vocabularies
-    (13, 2, 5, 50, 64, True),  # equal logits and equal prefix scores
+    # (seed, batch, depth, vocab, budget, ties, scale)
+    (11, 2, 3, 7, 10, False, 3.0),
+    (12, 2, 4, 3, 40, False, 3.0),  # budget > vocab: every depth keeps whole vocabularies
+    (13, 2, 5, 50, 64, True, 3.0),  # equal logits and equal prefix scores
+    # Peaked logits, deep trees: the deeper depths keep only their few prefixes at or above tau.
+    (14, 2, 8, 60, 64, False, 8.0),
+    (15, 2, 7, 30, 100, True, 6.0),
+    (16, 2, 4, 5, 60, True, 3.0),
 ]
 
 
@@ -519,11 +525,11 @@ def _kernel_oracle(logits_b: torch.Tensor, budget: int) -> ref.HeapTree:
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
-@pytest.mark.parametrize(("seed", "batch", "depth", "vocab", "budget", "ties"), KERNEL_CASES)
+@pytest.mark.parametrize(("seed", "batch", "depth", "vocab", "budget", "ties", "scale"), KERNEL_CASES)
 def test_kernels_build_and_walk_match_the_heap_reference(
-    seed: int, batch: int, depth: int, vocab: int, budget: int, ties: bool
+    seed: int, batch: int, depth: int, vocab: int, budget: int, ties: bool, scale: float
 ) -> None:
-    logits = _random_logits(seed, batch, depth, vocab, ties=ties).to(DEVICE)
+    logits = _random_logits(seed, batch, depth, vocab, ties=ties, scale=scale).to(DEVICE)
     tree = dt.build_trees(logits, budget, kernels=True)
     ops = dt.build_trees(logits, budget, kernels=False)
     gen = torch.Generator().manual_seed(seed)

@@ -21,13 +21,14 @@ Kernels, in launch order:
 5. ``_rank_rows``: per row the top k token ids in rank order and their log-probabilities (logit
    minus the row's logsumexp, float32);
 6. ``_expand``: per request the best-first tree: per depth the kept prefixes (stable top of the
-   candidate (parent, rank) pairs), stopping at the first depth that cannot reach the first
-   ``budget``, then the global order over all depths; writes tokens, depths, parents, scores and
-   position offsets. Where a lower bound of the N-th best score is known, only the keys at or
-   above it are ranked (``_top_into``);
+   candidate (parent, rank) pairs), merged into the running global order of the first ``budget``
+   as it goes, stopping at the first depth that cannot reach them; writes tokens, depths,
+   parents, scores and position offsets. Only candidates at or above a lower bound of the
+   depth's N-th best score and at or above the running N-th best overall are ranked
+   (``_top_into``), so a deep, narrow tree ranks a few keys per depth;
 7. ``_ancestors``: the ancestor-or-self mask over ``[root] + nodes``.
 
-The walk is one kernel, ``_walk``.
+The walk is one kernel, ``_walk``: mismatches propagated down the paths by pointer jumping.
 """
 
 from __future__ import annotations
@@ -72,6 +73,13 @@ def _key_value(key):
     ordered = (key >> 32).to(tl.int32)
     bits = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered)
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _score_at(keys, i):
+    """The score of ``keys[i]``, -inf for NO_KEY."""
+    key = tl.max(tl.where(tl.arange(0, keys.shape[0]) == i, keys, NO_KEY), 0)
+    return tl.where(key == NO_KEY, float("-inf"), _key_value(key))
 
 
 @triton.jit
@@ -197,18 +205,26 @@ def _rank_rows(
 
 
 @triton.jit
-def _top_into(key, sel, scratch, SEL: tl.constexpr, N2: tl.constexpr):
+def _top_into(key, sel, scratch, SEL: tl.constexpr, N2: tl.constexpr, FEW: tl.constexpr):
     """Writes the top N2 of ``key`` (descending) to ``scratch[SEL : SEL + N2]``, exact in its first
     entries as long as ``sel`` holds every key among them. Ranking costs with the number of keys
-    ranked: when the selected keys fit in SEL, only they are ranked, else all of ``key``."""
+    ranked: when the selected keys fit in FEW, N2 or SEL, only they are ranked (the rest of the N2
+    written as NO_KEY), else all of ``key``."""
     m = tl.sum(sel.to(tl.int32), 0)
     o = tl.arange(0, N2)
     if m <= SEL:
         slot = tl.cumsum(sel.to(tl.int32), 0) - 1
         tl.store(scratch + slot, key, mask=sel)
         tl.debug_barrier()
-        q = tl.arange(0, SEL)
-        tl.store(scratch + SEL + o, tl.topk(tl.load(scratch + q, mask=q < m, other=NO_KEY), N2))
+        if m <= FEW:
+            f = tl.arange(0, FEW)
+            tl.store(scratch + SEL + o, tl.full((N2,), NO_KEY, tl.int64), mask=o >= FEW)
+            tl.store(scratch + SEL + f, tl.topk(tl.load(scratch + f, mask=f < m, other=NO_KEY), FEW))
+        elif m <= N2:
+            tl.store(scratch + SEL + o, tl.topk(tl.load(scratch + o, mask=o < m, other=NO_KEY), N2))
+        else:
+            q = tl.arange(0, SEL)
+            tl.store(scratch + SEL + o, tl.topk(tl.load(scratch + q, mask=q < m, other=NO_KEY), N2))
     else:
         tl.store(scratch + SEL + o, tl.topk(key, N2))
     tl.debug_barrier()
@@ -234,8 +250,8 @@ def _expand(
     N: tl.constexpr,
     N2: tl.constexpr,
     P2: tl.constexpr,
-    E2: tl.constexpr,
     SEL: tl.constexpr,
+    FEW: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     scratch += b * (SEL + N2)
@@ -245,18 +261,22 @@ def _expand(
     tl.store(level_score + b * D * N2 + j, first)
     tl.store(level_pos + b * D * N2 + j, j.to(tl.int32))
     p = tl.arange(0, P2)
-    # Early stop: once some depth's list holds N prefixes scoring at least ``tau``, no prefix scoring
+    # Early stop: once the depths so far hold N prefixes scoring at least ``tau``, no prefix scoring
     # at most ``tau`` at a deeper depth can be among the first N (it comes after those N: lower
     # score, or equal score and deeper). Scores never grow along a path (log-probs are <= 0), so
     # when the best candidate of a depth is <= tau, that depth and every deeper one add no node.
-    tau = tl.max(tl.where(j == N - 1, first, float("-inf")), 0)
-    have_tau = tl.full((), 1 if K >= N else 0, tl.int32)
+    # ``best``: the keys of the N2 first prefixes listed so far in the global order (score, then
+    # entry = depth * N2 + position in the depth's list), sorted, NO_KEY where fewer are listed.
+    # tau is the N-th one's score, -inf (no bound) until N prefixes are listed. Once the last depth
+    # is listed, the first N of ``best`` are the tree's nodes in order.
+    best = tl.where(j < K, _key(first, j.to(tl.int64)), NO_KEY)
+    tau = _score_at(best, N - 1)
     limit = tl.full((), 1, tl.int32)  # depths 0..limit-1 (0-based) hold the kept lists
     for d in range(1, D):
         tl.debug_barrier()  # the previous depth's stores are read below
         best_parent = tl.load(level_score + (b * D + d - 1) * N2)
         best_step = tl.load(logp + (b * D + d) * K)
-        if (limit == d) & ((have_tau == 0) | (best_parent + best_step > tau)):
+        if (limit == d) & (best_parent + best_step > tau):
             code = tl.load(codes + d * P2 + p).to(tl.int64)
             valid = code >= 0
             parent_pos = code // K
@@ -266,32 +286,31 @@ def _expand(
             score = prev + step
             # A lower bound of the depth's N-th best score (N candidates reach it, the same float
             # sums as above): the first children of the N best parents, the N best children of the
-            # best parent; only candidates at or above it are ranked.
+            # best parent. Only candidates at or above it are ranked, and only those at or above
+            # tau: a prefix below tau is not among the first N, nor is any prefix under it. The
+            # list kept is then the depth's sorted top N cut where it falls below tau (NO_KEY
+            # after, whose value is a NaN that every comparison below leaves out).
             bound = float("-inf")
             if tl.load(sizes + d - 1) >= N:
-                bound = tl.load(level_score + (b * D + d - 1) * N2 + N - 1) + best_step
+                last = tl.load(level_score + (b * D + d - 1) * N2 + N - 1)
+                if last == last:  # the previous depth kept N
+                    bound = last + best_step
             if K >= N:
                 bound = tl.maximum(bound, best_parent + tl.load(logp + (b * D + d) * K + N - 1))
-            _top_into(tl.where(valid, _key(score, p), NO_KEY), valid & (score >= bound), scratch, SEL, N2)
+            real = valid & (score == score)
+            wanted = real & (score >= bound) & (score >= tau)
+            _top_into(tl.where(real, _key(score, p), NO_KEY), wanted, scratch, SEL, N2, FEW)
             top = tl.load(scratch + SEL + j)
             tl.store(level_score + (b * D + d) * N2 + j, _key_value(top))
             tl.store(level_pos + (b * D + d) * N2 + j, _key_index(top).to(tl.int32))
-            if tl.load(sizes + d) >= N:
-                tau = tl.maximum(tau, _key_value(tl.load(scratch + SEL + N - 1)))
-                have_tau = tl.full((), 1, tl.int32)
+            # The first N2 of both sorted lists: the larger of each pair (i, N2-1-i) is their top
+            # N2 as a bitonic sequence, which one merge sorts.
+            listed = tl.where(top != NO_KEY, _key(_key_value(top), d * N2 + j.to(tl.int64)), NO_KEY)
+            best = tl.bitonic_merge(tl.maximum(best, tl.flip(listed, 0)), descending=True)
+            tau = _score_at(best, N - 1)
             limit = tl.full((), 1, tl.int32) + d
     tl.debug_barrier()
-    # Global order: the depths' lists concatenated depth by depth; ties by that index.
-    e = tl.arange(0, E2)
-    e_depth = e // N2
-    size = tl.load(sizes + e_depth, mask=e_depth < limit, other=0)
-    kept = (e_depth < limit) & (e % N2 < size)
-    score = tl.load(level_score + b * D * N2 + e, mask=kept, other=0.0)
-    # tau bounds the N-th best score from below (N entries of one depth reach it).
-    _top_into(
-        tl.where(kept, _key(score, e.to(tl.int64)), NO_KEY), kept & ((have_tau == 0) | (score >= tau)), scratch, SEL, N2
-    )
-    top = tl.load(scratch + SEL + j)
+    top = best
     n = j
     live = n < N
     entry = _key_index(top)
@@ -334,9 +353,8 @@ def _walk(
     tokens,
     parent,
     depth,
-    ancestors,
     targets,
-    mismatch,
+    scratch,
     accepted_out,
     count_out,
     bonus_out,
@@ -344,30 +362,30 @@ def _walk(
     D2: tl.constexpr,
     N: tl.constexpr,
     N2: tl.constexpr,
-    ROWS: tl.constexpr,
+    JUMPS: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
+    scratch += b * 2 * N2
     n = tl.arange(0, N2).to(tl.int64)
     live = n < N
     token = tl.load(tokens + b * N + n, mask=live, other=0)
     up = tl.load(parent + b * N + n, mask=live, other=-1)
     chosen = tl.load(targets + b * (N + 1) + up + 1, mask=live, other=0)
-    wrong = live & (token != chosen.to(tl.int64))
+    bad = (live & (token != chosen.to(tl.int64))).to(tl.int64)
     t = tl.arange(0, D2)
     tl.store(accepted_out + b * D + t, tl.full((D2,), -1, tl.int64), mask=t < D)
-    # A node is accepted when no node on its path from the root (itself included) mismatches:
-    # one masked reduction per block of rows of the ancestor mask, no walk step by step.
-    for start in range(0, N2, ROWS):
-        rows = start + tl.arange(0, ROWS).to(tl.int64)
-        on_path = tl.load(
-            ancestors + b * (N + 1) * (N + 1) + (rows + 1)[:, None] * (N + 1) + (n + 1)[None, :],
-            mask=(rows < N)[:, None] & live[None, :],
-            other=0,
-        )
-        bad = tl.max((on_path != 0) & wrong[None, :], 1)
-        tl.store(mismatch + b * N + rows, (2 + bad.to(tl.int8)).to(tl.int8), mask=rows < N)
-    tl.debug_barrier()
-    ok = live & (tl.load(mismatch + b * N + n, mask=live, other=3) == 2)
+    # A node is accepted when no node on its path from the root (itself included) mismatches.
+    # Pointer jumping: after step i, ``bad`` covers the node and its 2**(i+1) - 1 nearest
+    # ancestors and ``up`` is its 2**(i+1)-th ancestor (-1 past the root); paths are at most D long.
+    for _ in tl.static_range(JUMPS):
+        tl.store(scratch + n, bad)
+        tl.store(scratch + N2 + n, up)
+        tl.debug_barrier()
+        above = up >= 0
+        bad = bad | tl.load(scratch + up, mask=above, other=0)
+        up = tl.load(scratch + N2 + up, mask=above, other=-1)
+        tl.debug_barrier()  # every load of this step is done before the next one's stores
+    ok = live & (bad == 0)
     level = tl.load(depth + b * N + n, mask=live, other=1)
     tl.store(accepted_out + b * D + level - 1, n, mask=ok)  # one accepted node per depth at most
     tl.store(count_out + b, tl.sum(ok.to(tl.int64), 0))
@@ -460,7 +478,6 @@ def build(draft_logits: torch.Tensor, budget: int, plan: ExpandPlan) -> tuple[to
     ids, logp = ranked_logprobs(draft_logits.reshape(batch * num_depths, vocab), k)
     device = draft_logits.device
     n2 = _pow2(budget)
-    e2 = _pow2(num_depths * n2)
 
     def empty(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         return torch.empty(*shape, dtype=dtype, device=device)
@@ -492,8 +509,8 @@ def build(draft_logits: torch.Tensor, budget: int, plan: ExpandPlan) -> tuple[to
         N=budget,
         N2=n2,
         P2=plan.p2,
-        E2=e2,
         SEL=sel,
+        FEW=min(n2, max(16, n2 // 4)),  # peaked logits: a depth often keeps a few prefixes at or above tau
         num_warps=16 if plan.p2 >= 1024 else 8 if plan.p2 >= 512 else 4,  # measured on an H200
     )
     mask = empty(batch, budget + 1, budget + 1, dtype=torch.bool)
@@ -506,7 +523,6 @@ def walk(
     tokens: torch.Tensor,
     parent: torch.Tensor,
     depth: torch.Tensor,
-    ancestors: torch.Tensor,
     num_depths: int,
     targets: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -514,18 +530,17 @@ def walk(
     batch, budget = tokens.shape
     device = tokens.device
     targets = targets.contiguous()
-    mismatch = torch.empty(batch, budget, dtype=torch.int8, device=device)
+    n2 = _pow2(budget)
+    scratch = torch.empty(batch, 2 * n2, dtype=torch.int64, device=device)
     accepted = torch.empty(batch, num_depths, dtype=torch.int64, device=device)
     count = torch.empty(batch, dtype=torch.int64, device=device)
     bonus = torch.empty(batch, dtype=targets.dtype, device=device)
-    n2 = _pow2(budget)
     _walk[(batch,)](
         tokens,
         parent,
         depth,
-        ancestors,
         targets,
-        mismatch,
+        scratch,
         accepted,
         count,
         bonus,
@@ -533,6 +548,6 @@ def walk(
         D2=_pow2(num_depths),
         N=budget,
         N2=n2,
-        ROWS=min(n2, 32),
+        JUMPS=max(1, math.ceil(math.log2(num_depths))),  # 2**JUMPS >= D: a path's length
     )
     return accepted, count, bonus

@@ -415,7 +415,8 @@ def walk_trees(tree: DDTree, target_tokens: torch.Tensor, *, kernels: bool | Non
         target's choice at the last accepted node (the root if none) is the bonus token.
 
     A node is accepted exactly when it and every ancestor match the target's choice at their
-    parents, so the walk is one masked reduction over the ancestor mask, with no sequential steps.
+    parents: with torch operators one masked reduction over the ancestor mask, in the kernel a few
+    pointer-jumping steps along the parents; no step per node either way.
     The accepted nodes form one root path, and a deeper node has a larger index.
     """
     batch, n = tree.tokens.shape
@@ -434,9 +435,7 @@ def walk_trees(tree: DDTree, target_tokens: torch.Tensor, *, kernels: bool | Non
         raise ValueError(f"target_tokens is on {target_tokens.device}, the tree on {tree.tokens.device}")
     fused = _use_kernels(target_tokens, kernels)
     if fused is not None:
-        return TreeWalk(
-            *fused.walk(tree.tokens, tree.parent, tree.depth, tree.ancestor_mask, tree.num_depths, target_tokens)
-        )
+        return TreeWalk(*fused.walk(tree.tokens, tree.parent, tree.depth, tree.num_depths, target_tokens))
 
     mismatch = tree.tokens != target_tokens.gather(1, tree.parent + 1)
     accepted = ~(tree.ancestor_mask[:, 1:, 1:] & mismatch.unsqueeze(1)).any(dim=2)
