@@ -123,19 +123,32 @@ def _time_wall(step: Callable[[], object], device: torch.device, iters: int, war
     return out
 
 
-def _time_events(step: Callable[[], object], iters: int, warmup: int) -> list[float]:
+def _event_samples(
+    step: Callable[[], object], iters: int, warmup: int, busy_cycles: int
+) -> tuple[list[float], list[float]]:
+    """Per step: GPU milliseconds between CUDA events around it, and host milliseconds its launches
+    took. With ``busy_cycles`` the GPU first spins that long, so the launches queue up behind it."""
     for _ in range(warmup):
         step()
-    out = []
+    gpu, host = [], []
     for _ in range(iters):
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if busy_cycles:
+            torch.cuda._sleep(busy_cycles)
         start.record()
+        t0 = time.perf_counter()
         step()
+        host.append((time.perf_counter() - t0) * 1e3)
         end.record()
         end.synchronize()
-        out.append(start.elapsed_time(end))
-    return out
+        gpu.append(start.elapsed_time(end))
+    return gpu, host
+
+
+def _time_events(step: Callable[[], object], iters: int, warmup: int) -> list[float]:
+    """GPU milliseconds per step, the GPU idle at its start: launches count in full."""
+    return _event_samples(step, iters, warmup, 0)[0]
 
 
 def _sleep_cycles_per_ms() -> float:
@@ -155,25 +168,10 @@ def _time_queued(
     """GPU time a step adds when it is launched while the GPU still runs ``busy_ms`` of earlier work
     (in the runtime: the drafter's forward pass), and the host time its launches took.
 
-    The GPU spins for ``busy_ms`` first; the step's launches queue up behind it, so the events
-    around the step measure its kernels and the gaps between them, not the launch overhead, as
-    long as launching takes less than ``busy_ms`` (the second list says whether it did)."""
-    cycles = int(_sleep_cycles_per_ms() * busy_ms)
-    for _ in range(warmup):
-        step()
-    gpu, host = [], []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(cycles)
-        start.record()
-        t0 = time.perf_counter()
-        step()
-        host.append((time.perf_counter() - t0) * 1e3)
-        end.record()
-        end.synchronize()
-        gpu.append(start.elapsed_time(end))
-    return gpu, host
+    The step's launches queue up behind that work, so the events around the step measure its
+    kernels and the gaps between them, not the launch overhead, as long as launching takes less
+    than ``busy_ms`` (the second list says whether it did)."""
+    return _event_samples(step, iters, warmup, int(_sleep_cycles_per_ms() * busy_ms))
 
 
 def _summary(samples: list[float]) -> dict[str, float]:
