@@ -171,7 +171,7 @@ def main(argv: list[str]) -> int:
             k: []
             for k in ("rsync", "rsync_cores", "stage1", "stage1_wall", "stage1_cores", "copy_rerun", "stage_rerun")
         }
-        ratios: dict[str, list[float]] = {"first": [], "rerun": []}
+        rerun_ratios: list[float] = []
         # Whichever of the two runs second has run slower here, by up to 2x (the lab's disk?): the
         # throughput ratio is judged per order and the two orders weighed alike.
         by_order: dict[str, list[float]] = {"rsync first": [], "stage first": []}
@@ -201,14 +201,15 @@ def main(argv: list[str]) -> int:
             node("sync")
             # A fresh digest cache: every first run hashes the source on the controller too.
             stage = STAGE_TASK.format(src=src, dest="/opt/bench/stage", cache=work / f"cache-{rep}", sha256=digest)
-            if rep % 2 == 0:  # alternate which goes first, so a load change does not favour one side
+            rsync_first = rep % 2 == 0  # alternate which goes first, so a load change does not favour one side
+            if rsync_first:
                 plain_rsync()
             with cpu_busy.Interval() as span:
                 t1, wall, changed, phases = run_play(inv, stage, work, env)
             rows["stage1_cores"].append(span.cores)
             assert changed, "first staging reported no change"
             node("sync")
-            if rep % 2 == 1:
+            if not rsync_first:
                 plain_rsync()
             rows["stage1"].append(t1)
             rows["stage1_wall"].append(wall)
@@ -220,14 +221,14 @@ def main(argv: list[str]) -> int:
             t3, _, changed, _ = run_play(inv, copy, work, env)
             assert not changed, "copy re-run reported a change"
             rows["copy_rerun"].append(t3)
-            ratios["first"].append(rows["rsync"][-1] / t1)
-            ratios["rerun"].append(t2 / t3)
-            order = "rsync first" if rep % 2 == 0 else "stage first"
-            by_order[order].append(ratios["first"][-1])
+            first_ratio = rows["rsync"][-1] / t1
+            rerun_ratios.append(t2 / t3)
+            order = "rsync first" if rsync_first else "stage first"
+            by_order[order].append(first_ratio)
             print(
                 f"rep {rep + 1} ({order}): rsync {rows['rsync'][-1]:.2f}s, stage first {t1:.2f}s (wall {wall:.2f}s),"
                 f" stage re-run {t2:.3f}s, copy re-run {t3:.2f}s;"
-                f" throughput ratio {ratios['first'][-1]:.2f}, re-run ratio {ratios['rerun'][-1]:.3f};"
+                f" throughput ratio {first_ratio:.2f}, re-run ratio {rerun_ratios[-1]:.3f};"
                 f" load average {os.getloadavg()[0]:.1f}; busy cores of {os.cpu_count()}: rsync"
                 f" {rows['rsync_cores'][-1]:.2f}, stage {rows['stage1_cores'][-1]:.2f} (whole playbook run)",
                 flush=True,
@@ -247,7 +248,7 @@ def main(argv: list[str]) -> int:
         print(f"copy, unchanged rerun {med['copy_rerun']:8.2f} s")
         print(f"stage, unchanged rerun{med['stage_rerun']:8.3f} s")
         print(
-            f"  re-run vs copy      {statistics.median(ratios['rerun']):8.3f} x   (median of per-run ratios; goal <= 0.05)"
+            f"  re-run vs copy      {statistics.median(rerun_ratios):8.3f} x   (median of per-run ratios; goal <= 0.05)"
         )
     finally:
         # Unattended runs clean up after themselves, whether they finished or failed.
