@@ -15,7 +15,8 @@ Kernels, in launch order:
 1. ``_chunk_stats``: per (row, chunk of the vocabulary) the max and the sum of exponentials;
 2. ``_row_threshold``: per row the logsumexp and the k-th largest chunk max, a lower bound of
    the row's k-th largest logit;
-3. ``_gather_candidates``: per (row, chunk) appends the keys of the logits at or above it;
+3. ``_gather_candidates``: per (row, chunk) appends the keys of the logits at or above it,
+   reading only the chunks whose max reaches it (about k of the row's);
 4. ``_chunk_top_keys`` and ``_merge_top_keys``: the exact fallback for a row with more
    candidates than fit (it ranks the whole row); for every other row they return at once;
 5. ``_rank_rows``: per row the top k token ids in rank order and their log-probabilities (logit
@@ -116,19 +117,25 @@ def _row_threshold(stats, n_chunks, threshold, lse_out, k, K2: tl.constexpr, CHU
 
 
 @triton.jit
-def _gather_candidates(logits, vocab, threshold, count, cand, CAP: tl.constexpr, CHUNK: tl.constexpr):
-    """Per (row, chunk): append the keys of the elements at or above the row's threshold."""
+def _gather_candidates(logits, vocab, stats, n_chunks, threshold, count, cand, CAP: tl.constexpr, CHUNK: tl.constexpr):
+    """Per (row, chunk): append the keys of the elements at or above the row's threshold.
+
+    Only a chunk whose max reaches the threshold holds any, about k chunks of the row (the
+    threshold is the k-th largest chunk max): the others are not read again."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    ids = chunk * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
-    valid = ids < vocab
-    x = tl.load(logits + row * vocab + ids, mask=valid, other=float("-inf")).to(tl.float32)
-    chosen = valid & (x >= tl.load(threshold + row))
-    n = tl.sum(chosen.to(tl.int32), 0)
-    if n > 0:
-        base = tl.atomic_add(count + row, n)  # order of arrival does not matter: keys are ranked
-        slot = base + tl.cumsum(chosen.to(tl.int32), 0) - 1
-        tl.store(cand + row * CAP + slot, _key(x, ids), mask=chosen & (slot < CAP))
+    bar = tl.load(threshold + row)
+    top = tl.load(stats + (row * n_chunks + chunk) * 2)
+    if (top >= bar) | (top != top):  # (a NaN max: read the chunk, as without this test)
+        ids = chunk * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
+        valid = ids < vocab
+        x = tl.load(logits + row * vocab + ids, mask=valid, other=float("-inf")).to(tl.float32)
+        chosen = valid & (x >= bar)
+        n = tl.sum(chosen.to(tl.int32), 0)
+        if n > 0:
+            base = tl.atomic_add(count + row, n)  # order of arrival does not matter: keys are ranked
+            slot = base + tl.cumsum(chosen.to(tl.int32), 0) - 1
+            tl.store(cand + row * CAP + slot, _key(x, ids), mask=chosen & (slot < CAP))
 
 
 @triton.jit
@@ -452,7 +459,7 @@ def _ranked_logprobs(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
     logp = torch.empty(num_rows, k, dtype=torch.float32, device=device)
     _chunk_stats[(num_rows, n_chunks)](rows, vocab, n_chunks, stats, count, CHUNK=chunk)
     _row_threshold[(num_rows,)](stats, n_chunks, threshold, lse, k, K2=k2, CHUNKS2=max(_pow2(n_chunks), k2))
-    _gather_candidates[(num_rows, n_chunks)](rows, vocab, threshold, count, cand, CAP=cap, CHUNK=chunk)
+    _gather_candidates[(num_rows, n_chunks)](rows, vocab, stats, n_chunks, threshold, count, cand, CAP=cap, CHUNK=chunk)
 
     # The exact fallback, for rows with more candidates than the cap: per chunk, then per group of
     # chunks, the top k keys. Launches that return at once for every other row.
