@@ -212,6 +212,14 @@ def _rank_rows(
 
 
 @triton.jit
+def _rank_first(scratch, m, SEL: tl.constexpr, SIZE: tl.constexpr, K: tl.constexpr):
+    """The top K of ``scratch[0 : m]`` (m <= SIZE), descending, into ``scratch[SEL : SEL + K]``."""
+    f = tl.arange(0, SIZE)
+    top = tl.topk(tl.load(scratch + f, mask=f < m, other=NO_KEY), K)
+    tl.store(scratch + SEL + tl.arange(0, K), top)
+
+
+@triton.jit
 def _top_into(key, sel, scratch, SEL: tl.constexpr, N2: tl.constexpr, FEW: tl.constexpr):
     """Writes the top N2 of ``key`` (descending) to ``scratch[SEL : SEL + N2]``, exact in its first
     entries as long as ``sel`` holds every key among them. Ranking costs with the number of keys
@@ -224,14 +232,12 @@ def _top_into(key, sel, scratch, SEL: tl.constexpr, N2: tl.constexpr, FEW: tl.co
         tl.store(scratch + slot, key, mask=sel)
         tl.debug_barrier()
         if m <= FEW:
-            f = tl.arange(0, FEW)
             tl.store(scratch + SEL + o, tl.full((N2,), NO_KEY, tl.int64), mask=o >= FEW)
-            tl.store(scratch + SEL + f, tl.topk(tl.load(scratch + f, mask=f < m, other=NO_KEY), FEW))
+            _rank_first(scratch, m, SEL, FEW, FEW)
         elif m <= N2:
-            tl.store(scratch + SEL + o, tl.topk(tl.load(scratch + o, mask=o < m, other=NO_KEY), N2))
+            _rank_first(scratch, m, SEL, N2, N2)
         else:
-            q = tl.arange(0, SEL)
-            tl.store(scratch + SEL + o, tl.topk(tl.load(scratch + q, mask=q < m, other=NO_KEY), N2))
+            _rank_first(scratch, m, SEL, SEL, N2)
     else:
         tl.store(scratch + SEL + o, tl.topk(key, N2))
     tl.debug_barrier()
@@ -311,16 +317,17 @@ def _expand(
             tl.store(level_score + (b * D + d) * N2 + j, _key_value(top))
             tl.store(level_pos + (b * D + d) * N2 + j, _key_index(top).to(tl.int32))
             # The first N2 of both sorted lists: the larger of each pair (i, N2-1-i) is their top
-            # N2 as a bitonic sequence, which one merge sorts.
-            listed = tl.where(top != NO_KEY, _key(_key_value(top), d * N2 + j.to(tl.int64)), NO_KEY)
+            # N2 as a bitonic sequence, which one merge sorts. ``listed``: the depth's keys with the
+            # entry number in place of the position (the low half of a key holds the index).
+            entries = d * N2 + j.to(tl.int64)
+            listed = tl.where(top != NO_KEY, ((top >> 32) << 32) | (4294967295 - entries), NO_KEY)
             best = tl.bitonic_merge(tl.maximum(best, tl.flip(listed, 0)), descending=True)
             tau = _score_at(best, N - 1)
             limit = tl.full((), 1, tl.int32) + d
     tl.debug_barrier()
-    top = best
     n = j
     live = n < N
-    entry = _key_index(top)
+    entry = _key_index(best)
     depth = entry // N2
     pos = tl.load(level_pos + b * D * N2 + entry, mask=live, other=0).to(tl.int64)
     code = tl.where(depth == 0, pos, tl.load(codes + depth * P2 + pos, mask=live & (depth > 0), other=0))
@@ -334,7 +341,7 @@ def _expand(
     tl.store(tokens_out + b * N + n, token, mask=live)
     tl.store(depth_out + b * N + n, depth + 1, mask=live)
     tl.store(parent_out + b * N + n, parent, mask=live)
-    tl.store(score_out + b * N + n, _key_value(top), mask=live)
+    tl.store(score_out + b * N + n, _key_value(best), mask=live)
     tl.store(offsets_out + b * (N + 1) + 1 + n, depth + 1, mask=live)
     tl.store(offsets_out + b * (N + 1), 0)
 
@@ -518,7 +525,7 @@ def build(draft_logits: torch.Tensor, budget: int, plan: ExpandPlan) -> tuple[to
         P2=plan.p2,
         SEL=sel,
         FEW=min(n2, max(16, n2 // 4)),  # peaked logits: a depth often keeps a few prefixes at or above tau
-        num_warps=16 if plan.p2 >= 1024 else 8 if plan.p2 >= 512 else 4,  # measured on an H200
+        num_warps=8 if plan.p2 >= 512 else 4,  # measured on an H200 (16 was slower at every budget)
     )
     mask = empty(batch, budget + 1, budget + 1, dtype=torch.bool)
     rows = 16
