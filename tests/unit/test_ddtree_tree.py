@@ -548,6 +548,26 @@ def test_kernels_build_and_walk_match_the_heap_reference(
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
+@pytest.mark.parametrize("budget", [16, 64])
+def test_kernels_bound_a_depth_by_the_first_children_of_close_parents(budget: int) -> None:
+    # Depth 1 a gentle ramp (token t scores 1e-4 * t below token 0); depth 2 certain (one token
+    # takes all the probability: its log-prob rounds to 0, so each first child ties its parent
+    # and comes after it); depths 3 and 4 flat (log-prob -log(vocab): no chain goes deeper). The
+    # tree is the first budget/2 parents and their first children; the last of those children
+    # scores only budget/2 * 1e-4 above the depth's bound (the budget-th parent's first child),
+    # so a bound set even 0.01 too high drops children that belong in the tree.
+    vocab = 2 * budget
+    logits = torch.zeros(2, 4, vocab)
+    logits[:, 0] = -1e-4 * torch.arange(vocab)
+    logits[:, 1, 7] = 30.0
+    logits = logits.to(DEVICE)
+    tree = dt.build_trees(logits, budget, kernels=True)
+    for b in range(2):
+        _assert_is_heap_tree(tree, b, _kernel_oracle(logits[b], budget))
+        assert tree.depth[b].tolist().count(2) == budget // 2
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
 @pytest.mark.parametrize("ties", [False, True])
 def test_kernels_rank_few_candidates_and_fall_back_to_ranking_whole_rows(ties: bool, monkeypatch) -> None:
     kernels = dt._kernels()
