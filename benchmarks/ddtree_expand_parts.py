@@ -18,18 +18,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import json
 import statistics
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import torch
-
-COMMON = Path(__file__).resolve().parents[1] / "roles/ddtree_patch/files/common"
+from ddtree_tree_bench import COMMON, load_module, time_events
+from ddtree_tree_bench import dt as tree_module
 
 # The loop's parts, as they appear in the kernel source, and what running each twice adds.
 MERGE = "            best = tl.bitonic_merge(tl.maximum(best, tl.flip(listed, 0)), descending=True)\n"
@@ -78,16 +76,9 @@ def _with_runtime_zero(source: str) -> str:
     )
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def _graph_us(step: Callable[[], object], iters: int) -> float:
+    """Median microseconds of replaying ``step`` captured in a CUDA graph (warmed up on a side
+    stream first, as capture needs)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -97,16 +88,7 @@ def _graph_us(step: Callable[[], object], iters: int) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    samples = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000)
-    return statistics.median(samples)
+    return statistics.median(time_events(graph.replay, iters, warmup=0)) * 1000
 
 
 def main(argv: list[str]) -> int:
@@ -121,7 +103,6 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("needs an NVIDIA GPU: the variants differ only in their kernels' GPU time")
 
-    tree_module = _load("ddtree_tree", COMMON / "ddtree_tree.py")
     base = _with_runtime_zero((COMMON / "ddtree_kernels.py").read_text())
     sources = {"baseline": base} | {f"{part} x2": _replace(base, old, new) for part, (old, new) in TWICE.items()}
     results: dict[str, dict[str, object]] = {}
@@ -130,7 +111,7 @@ def main(argv: list[str]) -> int:
         for i, (name, source) in enumerate(sources.items()):
             path = Path(tmp) / f"ddtree_kernels_variant{i}.py"
             path.write_text(source)
-            variants[name] = _load(f"ddtree_kernels_variant{i}", path)
+            variants[name] = load_module(f"ddtree_kernels_variant{i}", path)
         for setting in args.settings.split(","):
             batch, budget = (int(x) for x in setting.split("x"))
             gen = torch.Generator(device="cuda").manual_seed(1000 * batch + budget)

@@ -44,17 +44,18 @@ sys.path.insert(0, str(REPO / "tests" / "unit"))
 import ddtree_heap_reference as ref  # noqa: E402
 
 
-def _load_tree_module() -> ModuleType:
-    path = REPO / "roles/ddtree_patch/files/common/ddtree_tree.py"
-    spec = importlib.util.spec_from_file_location("ddtree_tree", path)
+def load_module(name: str, path: Path) -> ModuleType:
+    """The Python file at ``path`` as module ``name`` (the role's files are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
-dt = _load_tree_module()
+COMMON = REPO / "roles/ddtree_patch/files/common"
+dt = load_module("ddtree_tree", COMMON / "ddtree_tree.py")
 
 
 def _sync(device: torch.device) -> None:
@@ -146,7 +147,7 @@ def _event_samples(
     return gpu, host
 
 
-def _time_events(step: Callable[[], object], iters: int, warmup: int) -> list[float]:
+def time_events(step: Callable[[], object], iters: int, warmup: int) -> list[float]:
     """GPU milliseconds per step, the GPU idle at its start: launches count in full."""
     return _event_samples(step, iters, warmup, 0)[0]
 
@@ -234,7 +235,7 @@ def bench_one(args: argparse.Namespace, device: torch.device, batch: int, budget
         "ours_wall": _summary(_time_wall(ours, device, args.iters, args.warmup)),
     }
     if device.type == "cuda":
-        result["ours_events"] = _summary(_time_events(ours, args.iters, args.warmup))
+        result["ours_events"] = _summary(time_events(ours, args.iters, args.warmup))
         gpu, host = _time_queued(ours, args.iters, args.warmup, args.busy_ms)
         result["ours_queued"] = _summary(gpu)
         result["ours_queued_launch_host"] = _summary(host)
@@ -243,7 +244,7 @@ def bench_one(args: argparse.Namespace, device: torch.device, batch: int, budget
         def torch_ops() -> None:
             dt.walk_trees(dt.build_trees(logits, budget, kernels=False), targets, kernels=False)
 
-        result["torch_ops_events"] = _summary(_time_events(torch_ops, args.iters, args.warmup))
+        result["torch_ops_events"] = _summary(time_events(torch_ops, args.iters, args.warmup))
     # Where the time goes: the vocabulary-wide ranking, and the walk alone.
     rows = logits.reshape(batch * args.depth, args.vocab)
     k = min(budget, args.vocab)
@@ -255,7 +256,7 @@ def bench_one(args: argparse.Namespace, device: torch.device, batch: int, budget
         dt.walk_trees(tree, targets)
 
     timer = (
-        (lambda f: _time_events(f, args.iters, args.warmup))
+        (lambda f: time_events(f, args.iters, args.warmup))
         if device.type == "cuda"
         else (lambda f: _time_wall(f, device, args.iters, args.warmup))
     )
@@ -303,8 +304,8 @@ def bench_graph(args: argparse.Namespace, device: torch.device, result: dict[str
             and torch.equal(g_walk.accepted_nodes, walk.accepted_nodes)
             and torch.equal(g_walk.bonus_tokens, walk.bonus_tokens)
         )
-        result["ours_graph"] = _summary(_time_events(replay, args.iters, args.warmup))
-        result["ours_graph_with_copies"] = _summary(_time_events(replay_with_copies, args.iters, args.warmup))
+        result["ours_graph"] = _summary(time_events(replay, args.iters, args.warmup))
+        result["ours_graph_with_copies"] = _summary(time_events(replay_with_copies, args.iters, args.warmup))
         if result.get("kernels"):
             ops = dt.GraphedTrees(
                 batch, args.depth, args.vocab, budget, dtype=logits.dtype, device=device, kernels=False
@@ -317,7 +318,7 @@ def bench_graph(args: argparse.Namespace, device: torch.device, result: dict[str
                 ops.build()
                 ops.walk()
 
-            result["torch_ops_graph"] = _summary(_time_events(replay_ops, args.iters, args.warmup))
+            result["torch_ops_graph"] = _summary(time_events(replay_ops, args.iters, args.warmup))
     except Exception as exc:  # report and go on: the eager figures still stand
         result["graph_error"] = f"{type(exc).__name__}: {exc}"
         return
