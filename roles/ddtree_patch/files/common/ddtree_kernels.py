@@ -30,16 +30,22 @@ Kernels, in launch order:
 7. ``_ancestors``: the ancestor-or-self mask over ``[root] + nodes``.
 
 The walk is one kernel, ``_walk``: mismatches propagated down the paths by pointer jumping.
+
+On Hopper and later GPUs every kernel is launched with programmatic dependent launch
+(``_wait_for_inputs``): the next kernel's launch overlaps the previous one's work, and its
+programs start by waiting for that work to finish, so the order of effects is the stream's.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # Keys one program ranks at once; more keys per row are merged over several launches.
 _MERGE_KEYS = 4096
@@ -84,8 +90,20 @@ def _score_at(keys, i):
 
 
 @triton.jit
-def _chunk_stats(logits, vocab, n_chunks, stats, count, CHUNK: tl.constexpr):
+def _wait_for_inputs(PDL: tl.constexpr):
+    """Every kernel's first step. With programmatic dependent launch (``PDL``, on Hopper and
+    later) a kernel is launched while the one before it still runs, so that its launch overlaps
+    that work instead of following it: its programs wait here until the kernel before has
+    finished and its writes are visible (as without PDL), then let the next kernel launch."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _chunk_stats(logits, vocab, n_chunks, stats, count, CHUNK: tl.constexpr, PDL: tl.constexpr):
     """Per (row, chunk): max and sum of exp(x - max), for the threshold and the logsumexp."""
+    _wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     ids = chunk * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
@@ -101,9 +119,10 @@ def _chunk_stats(logits, vocab, n_chunks, stats, count, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _row_threshold(stats, n_chunks, threshold, lse_out, k, K2: tl.constexpr, CHUNKS2: tl.constexpr):
+def _row_threshold(stats, n_chunks, threshold, lse_out, k, K2: tl.constexpr, CHUNKS2: tl.constexpr, PDL: tl.constexpr):
     """Per row: the k-th largest chunk max (k distinct elements reach it, so the row's k-th largest
     value is at least this), or -inf with fewer than k chunks; and the row's logsumexp."""
+    _wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, CHUNKS2)
     chunk_max = tl.load(stats + (row * n_chunks + c) * 2, mask=c < n_chunks, other=float("-inf"))
@@ -117,11 +136,14 @@ def _row_threshold(stats, n_chunks, threshold, lse_out, k, K2: tl.constexpr, CHU
 
 
 @triton.jit
-def _gather_candidates(logits, vocab, stats, n_chunks, threshold, count, cand, CAP: tl.constexpr, CHUNK: tl.constexpr):
+def _gather_candidates(
+    logits, vocab, stats, n_chunks, threshold, count, cand, CAP: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr
+):
     """Per (row, chunk): append the keys of the elements at or above the row's threshold.
 
     Only a chunk whose max reaches the threshold holds any, about k chunks of the row (the
     threshold is the k-th largest chunk max): the others are not read again."""
+    _wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     bar = tl.load(threshold + row)
@@ -154,8 +176,11 @@ def _rank_candidates(cand, n, lse, ids_out, logp_out, row, k, CAP: tl.constexpr,
 
 
 @triton.jit
-def _chunk_top_keys(logits, vocab, n_chunks, keys, count, CAP: tl.constexpr, CHUNK: tl.constexpr, K2: tl.constexpr):
+def _chunk_top_keys(
+    logits, vocab, n_chunks, keys, count, CAP: tl.constexpr, CHUNK: tl.constexpr, K2: tl.constexpr, PDL: tl.constexpr
+):
     """Exact fallback, for rows whose candidates overflowed: per chunk the top K2 keys."""
+    _wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     if tl.load(count + row) > CAP:
         chunk = tl.program_id(1)
@@ -175,8 +200,11 @@ def _top_of_group(keys, n_in, row, group, GROUP: tl.constexpr, K2: tl.constexpr)
 
 
 @triton.jit
-def _merge_top_keys(keys_in, n_in, keys_out, n_out, count, CAP: tl.constexpr, GROUP: tl.constexpr, K2: tl.constexpr):
+def _merge_top_keys(
+    keys_in, n_in, keys_out, n_out, count, CAP: tl.constexpr, GROUP: tl.constexpr, K2: tl.constexpr, PDL: tl.constexpr
+):
     """Exact fallback: merges groups of chunks' top keys."""
+    _wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     if tl.load(count + row) > CAP:
         group = tl.program_id(1)
@@ -198,9 +226,11 @@ def _rank_rows(
     SMALL: tl.constexpr,
     GROUP: tl.constexpr,
     K2: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Per row: the top k of its candidates (or of the fallback's keys), as ids and log-probs.
     Ranking costs with the number of keys ranked, so each case ranks only as many as it has."""
+    _wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     n = tl.load(count + row)
     if n <= SMALL:  # the usual case: a few more than k
@@ -265,7 +295,9 @@ def _expand(
     P2: tl.constexpr,
     SEL: tl.constexpr,
     FEW: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    _wait_for_inputs(PDL)
     b = tl.program_id(0).to(tl.int64)
     scratch += b * (SEL + N2)
     j = tl.arange(0, N2)
@@ -347,7 +379,8 @@ def _expand(
 
 
 @triton.jit
-def _ancestors(parent, mask_out, N: tl.constexpr, ROWS: tl.constexpr, N1P: tl.constexpr):
+def _ancestors(parent, mask_out, N: tl.constexpr, ROWS: tl.constexpr, N1P: tl.constexpr, PDL: tl.constexpr):
+    _wait_for_inputs(PDL)
     b = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS).to(tl.int64)
     cols = tl.arange(0, N1P).to(tl.int64)
@@ -377,7 +410,9 @@ def _walk(
     N: tl.constexpr,
     N2: tl.constexpr,
     JUMPS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    _wait_for_inputs(PDL)
     b = tl.program_id(0).to(tl.int64)
     scratch += b * 2 * N2
     n = tl.arange(0, N2).to(tl.int64)
@@ -405,6 +440,18 @@ def _walk(
     tl.store(count_out + b, tl.sum(ok.to(tl.int64), 0))
     last = tl.max(tl.where(ok, n + 1, 0), 0)
     tl.store(bonus_out + b, tl.load(targets + b * (N + 1) + last))
+
+
+@functools.cache
+def _pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch: GPUs of compute capability 9.0 (Hopper) and later."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _launch_options(device: torch.device) -> dict[str, bool]:
+    """Every launch's options: the kernels' ``PDL`` and Triton's ``launch_pdl``, both on where the GPU has it."""
+    pdl = _pdl(device)
+    return {"PDL": pdl, "launch_pdl": pdl}
 
 
 def _pow2(n: int) -> int:
@@ -464,24 +511,46 @@ def _ranked_logprobs(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
     cand = torch.empty(num_rows, cap, dtype=torch.int64, device=device)
     ids = torch.empty(num_rows, k, dtype=torch.int64, device=device)
     logp = torch.empty(num_rows, k, dtype=torch.float32, device=device)
-    _chunk_stats[(num_rows, n_chunks)](rows, vocab, n_chunks, stats, count, CHUNK=chunk)
-    _row_threshold[(num_rows,)](stats, n_chunks, threshold, lse, k, K2=k2, CHUNKS2=max(_pow2(n_chunks), k2))
-    _gather_candidates[(num_rows, n_chunks)](rows, vocab, stats, n_chunks, threshold, count, cand, CAP=cap, CHUNK=chunk)
+    _chunk_stats[(num_rows, n_chunks)](rows, vocab, n_chunks, stats, count, CHUNK=chunk, **_launch_options(device))
+    _row_threshold[(num_rows,)](
+        stats, n_chunks, threshold, lse, k, K2=k2, CHUNKS2=max(_pow2(n_chunks), k2), **_launch_options(device)
+    )
+    _gather_candidates[(num_rows, n_chunks)](
+        rows, vocab, stats, n_chunks, threshold, count, cand, CAP=cap, CHUNK=chunk, **_launch_options(device)
+    )
 
     # The exact fallback, for rows with more candidates than the cap: per chunk, then per group of
     # chunks, the top k keys. Launches that return at once for every other row.
     fb_chunk = max(CHUNK, k2)
     n_in = triton.cdiv(vocab, fb_chunk)
     keys = torch.empty(num_rows, n_in, k2, dtype=torch.int64, device=device)
-    _chunk_top_keys[(num_rows, n_in)](rows, vocab, n_in, keys, count, CAP=cap, CHUNK=fb_chunk, K2=k2)
+    _chunk_top_keys[(num_rows, n_in)](
+        rows, vocab, n_in, keys, count, CAP=cap, CHUNK=fb_chunk, K2=k2, **_launch_options(device)
+    )
     group = max(_MERGE_KEYS, 2 * k2) // k2
     while n_in > group:
         n_out = triton.cdiv(n_in, group)
         merged = torch.empty(num_rows, n_out, k2, dtype=torch.int64, device=device)
-        _merge_top_keys[(num_rows, n_out)](keys, n_in, merged, n_out, count, CAP=cap, GROUP=group, K2=k2)
+        _merge_top_keys[(num_rows, n_out)](
+            keys, n_in, merged, n_out, count, CAP=cap, GROUP=group, K2=k2, **_launch_options(device)
+        )
         keys, n_in = merged, n_out
     small = min(cap, max(64, 2 * k2))  # most rows have a few more than k candidates
-    _rank_rows[(num_rows,)](cand, count, keys, n_in, lse, ids, logp, k, CAP=cap, SMALL=small, GROUP=_pow2(n_in), K2=k2)
+    _rank_rows[(num_rows,)](
+        cand,
+        count,
+        keys,
+        n_in,
+        lse,
+        ids,
+        logp,
+        k,
+        CAP=cap,
+        SMALL=small,
+        GROUP=_pow2(n_in),
+        K2=k2,
+        **_launch_options(device),
+    )
     return ids, logp, count
 
 
@@ -526,10 +595,13 @@ def build(draft_logits: torch.Tensor, budget: int, plan: ExpandPlan) -> tuple[to
         SEL=sel,
         FEW=min(n2, max(16, n2 // 4)),  # peaked logits: a depth often keeps a few prefixes at or above tau
         num_warps=8 if plan.p2 >= 512 else 4,  # measured on an H200 (16 was slower at every budget)
+        **_launch_options(device),
     )
     mask = empty(batch, budget + 1, budget + 1, dtype=torch.bool)
     rows = 16
-    _ancestors[(batch, triton.cdiv(budget + 1, rows))](parent, mask, N=budget, ROWS=rows, N1P=_pow2(budget + 1))
+    _ancestors[(batch, triton.cdiv(budget + 1, rows))](
+        parent, mask, N=budget, ROWS=rows, N1P=_pow2(budget + 1), **_launch_options(device)
+    )
     return tokens, depth, parent, scores, mask, offsets
 
 
@@ -563,5 +635,6 @@ def walk(
         N=budget,
         N2=n2,
         JUMPS=max(1, math.ceil(math.log2(num_depths))),  # 2**JUMPS >= D: a path's length
+        **_launch_options(device),
     )
     return accepted, count, bonus
