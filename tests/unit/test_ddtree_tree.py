@@ -548,6 +548,22 @@ def test_kernels_build_and_walk_match_the_heap_reference(
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
+@pytest.mark.parametrize(
+    ("device", "capability", "pdl"), [("cpu", None, False), ("cuda", (8, 6), False), ("cuda", (9, 0), True)]
+)
+def test_kernels_overlap_launches_only_on_hopper_and_later(device: str, capability, pdl: bool, monkeypatch) -> None:
+    # Programmatic dependent launch needs compute capability 9.0 (an RTX A6000 is 8.6): asking
+    # for it elsewhere would fail to launch, and Triton's interpreter on a CPU has no such thing.
+    kernels = dt._kernels()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda _device: capability)
+    kernels._pdl.cache_clear()
+    try:
+        assert kernels._launch_options(torch.device(device)) == {"PDL": pdl, "launch_pdl": pdl}
+    finally:
+        kernels._pdl.cache_clear()
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
 @pytest.mark.parametrize("budget", [16, 64])
 def test_kernels_bound_a_depth_by_the_first_children_of_close_parents(budget: int) -> None:
     # Depth 1 a gentle ramp (token t scores 1e-4 * t below token 0); depth 2 certain (one token
