@@ -607,6 +607,11 @@ def test_kernels_rank_few_candidates_and_fall_back_to_ranking_whole_rows(ties: b
     assert (count_fb > 8).all()
     assert ids_fb.cpu().tolist() == ranked
     assert torch.equal(logp_fb, logp)
+    # The fallback reads a row in chunks; 19 of 16 here (the last one past the row's end).
+    monkeypatch.setattr(kernels, "CHUNK", 16)
+    ids_fb, logp_fb, _ = kernels._ranked_logprobs(rows, 10)
+    assert ids_fb.cpu().tolist() == ranked
+    assert torch.equal(logp_fb, logp)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")

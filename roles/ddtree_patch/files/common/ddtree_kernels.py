@@ -1,4 +1,4 @@
-"""Triton kernels for one DDTree step: the tree build in seven or eight launches and the walk in one, no host sync.
+"""Triton kernels for one DDTree step: the tree build in six launches and the walk in one, no host sync.
 
 ``ddtree_tree.build_trees`` / ``walk_trees`` define the result (see that module's docstring for
 the order of nodes and the tie rules); on CUDA they call the kernels here, which compute the same
@@ -17,17 +17,16 @@ Kernels, in launch order:
    the row's k-th largest logit;
 3. ``_gather_candidates``: per (row, chunk) appends the keys of the logits at or above it,
    reading only the chunks whose max reaches it (about k of the row's);
-4. ``_chunk_top_keys`` and ``_merge_top_keys``: the exact fallback for a row with more
-   candidates than fit (it ranks the whole row); for every other row they return at once;
-5. ``_rank_rows``: per row the top k token ids in rank order and their log-probabilities (logit
-   minus the row's logsumexp, float32);
-6. ``_expand``: per request the best-first tree: per depth the kept prefixes (stable top of the
+4. ``_rank_rows``: per row the top k token ids in rank order and their log-probabilities (logit
+   minus the row's logsumexp, float32); a row with more candidates than fit (a pathological
+   distribution, such as equal logits) is ranked whole, exactly, by its program;
+5. ``_expand``: per request the best-first tree: per depth the kept prefixes (stable top of the
    candidate (parent, rank) pairs), merged into the running global order of the first ``budget``
    as it goes, stopping at the first depth that cannot reach them; writes tokens, depths,
    parents, scores and position offsets. Only candidates at or above a lower bound of the
    depth's N-th best score and at or above the running N-th best overall are ranked
    (``_top_into``), so a deep, narrow tree ranks a few keys per depth;
-7. ``_ancestors``: the ancestor-or-self mask over ``[root] + nodes``.
+6. ``_ancestors``: the ancestor-or-self mask over ``[root] + nodes``.
 
 The walk is one kernel, ``_walk``: mismatches propagated down the paths by pointer jumping.
 
@@ -47,14 +46,12 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-# Keys one program ranks at once; more keys per row are merged over several launches.
-_MERGE_KEYS = 4096
 # Largest chunk of the vocabulary whose max and sum of exponentials one program computes.
 STATS_CHUNK = 2048
 # Most candidates kept per row (a power of two): 8 x k rounded up, at least 256, at most this.
 # Rows with more are ranked whole by the fallback. Ranking the kept ones costs with their number.
 CANDIDATES = 4096
-# Vocabulary elements per program of the fallback's first kernel.
+# Vocabulary elements the fallback ranks at once.
 CHUNK = 2048
 # The smallest int64: the key of no element, after every real key in a descending sort.
 NO_KEY = tl.constexpr(-(2**63))
@@ -176,60 +173,41 @@ def _rank_candidates(cand, n, lse, ids_out, logp_out, row, k, CAP: tl.constexpr,
 
 
 @triton.jit
-def _chunk_top_keys(
-    logits, vocab, n_chunks, keys, count, CAP: tl.constexpr, CHUNK: tl.constexpr, K2: tl.constexpr, PDL: tl.constexpr
-):
-    """Exact fallback, for rows whose candidates overflowed: per chunk the top K2 keys."""
-    _wait_for_inputs(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    if tl.load(count + row) > CAP:
-        chunk = tl.program_id(1)
-        ids = chunk * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
+def _rank_whole_row(logits, vocab, lse, ids_out, logp_out, row, k, CHUNK: tl.constexpr, K2: tl.constexpr):
+    """The exact fallback, for a row with more candidates than fit: its top K2 over the whole row,
+    chunk by chunk. A chunk is ranked only when it holds a key above the K2-th best so far, so a
+    row of equal logits (the usual cause) reads its chunks and ranks one."""
+    best = tl.full((K2,), NO_KEY, tl.int64)
+    start = tl.zeros((), tl.int64)
+    while start < vocab:
+        ids = start + tl.arange(0, CHUNK).to(tl.int64)
+        start += CHUNK
         valid = ids < vocab
         x = tl.load(logits + row * vocab + ids, mask=valid, other=float("-inf")).to(tl.float32)
         key = tl.where(valid, _key(x, ids), NO_KEY)
-        tl.store(keys + (row * n_chunks + chunk) * K2 + tl.arange(0, K2), tl.topk(key, K2))
-
-
-@triton.jit
-def _top_of_group(keys, n_in, row, group, GROUP: tl.constexpr, K2: tl.constexpr):
-    """The top K2 of the K2-key lists ``group * GROUP ..`` (up to GROUP of them) of a row's ``n_in``."""
-    j = tl.arange(0, GROUP * K2)
-    src = group * GROUP + j // K2
-    return tl.topk(tl.load(keys + (row * n_in + src) * K2 + j % K2, mask=src < n_in, other=NO_KEY), K2)
-
-
-@triton.jit
-def _merge_top_keys(
-    keys_in, n_in, keys_out, n_out, count, CAP: tl.constexpr, GROUP: tl.constexpr, K2: tl.constexpr, PDL: tl.constexpr
-):
-    """Exact fallback: merges groups of chunks' top keys."""
-    _wait_for_inputs(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    if tl.load(count + row) > CAP:
-        group = tl.program_id(1)
-        top = _top_of_group(keys_in, n_in, row, group, GROUP, K2)
-        tl.store(keys_out + (row * n_out + group) * K2 + tl.arange(0, K2), top)
+        if tl.max(key, 0) > tl.min(best, 0):
+            best = tl.bitonic_merge(tl.maximum(best, tl.flip(tl.topk(key, K2), 0)), descending=True)
+    _store_ranked(best, lse, ids_out, logp_out, row, k, K2)
 
 
 @triton.jit
 def _rank_rows(
     cand,
     count,
-    keys,
-    n_in,
+    logits,
+    vocab,
     lse,
     ids_out,
     logp_out,
     k,
     CAP: tl.constexpr,
     SMALL: tl.constexpr,
-    GROUP: tl.constexpr,
+    CHUNK: tl.constexpr,
     K2: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Per row: the top k of its candidates (or of the fallback's keys), as ids and log-probs.
-    Ranking costs with the number of keys ranked, so each case ranks only as many as it has."""
+    """Per row: the top k of its candidates (or of the whole row, when they did not fit), as ids and
+    log-probs. Ranking costs with the number of keys ranked, so each case ranks only as many as it has."""
     _wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     n = tl.load(count + row)
@@ -237,8 +215,8 @@ def _rank_rows(
         _rank_candidates(cand, n, lse, ids_out, logp_out, row, k, CAP, SMALL, K2)
     elif n <= CAP:
         _rank_candidates(cand, n, lse, ids_out, logp_out, row, k, CAP, CAP, K2)
-    else:  # the fallback's last keys, all in one group
-        _store_ranked(_top_of_group(keys, n_in, row, 0, GROUP, K2), lse, ids_out, logp_out, row, k, K2)
+    else:
+        _rank_whole_row(logits, vocab, lse, ids_out, logp_out, row, k, CHUNK, K2)
 
 
 @triton.jit
@@ -493,8 +471,9 @@ def _ranked_logprobs(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
     or above the k-th largest of its chunks' maxima (at least k of them, since k chunk maxima reach
     that value; all ties of the row's k-th value among them), and ranks those. A row with more
     candidates than the cap (8 k, see ``CANDIDATES``: a pathological distribution, or fewer
-    chunks than k) is ranked whole by the fallback kernels, which otherwise return at once; both
-    give the same result.
+    chunks than k) is ranked whole, chunk by chunk, by its program of the ranking kernel: the same
+    result, at a cost only such rows pay (two kernels that returned at once for every other row
+    cost a launch each, every step).
     """
     rows = rows.contiguous()
     num_rows, vocab = rows.shape
@@ -519,35 +498,19 @@ def _ranked_logprobs(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
         rows, vocab, stats, n_chunks, threshold, count, cand, CAP=cap, CHUNK=chunk, **_launch_options(device)
     )
 
-    # The exact fallback, for rows with more candidates than the cap: per chunk, then per group of
-    # chunks, the top k keys. Launches that return at once for every other row.
-    fb_chunk = max(CHUNK, k2)
-    n_in = triton.cdiv(vocab, fb_chunk)
-    keys = torch.empty(num_rows, n_in, k2, dtype=torch.int64, device=device)
-    _chunk_top_keys[(num_rows, n_in)](
-        rows, vocab, n_in, keys, count, CAP=cap, CHUNK=fb_chunk, K2=k2, **_launch_options(device)
-    )
-    group = max(_MERGE_KEYS, 2 * k2) // k2
-    while n_in > group:
-        n_out = triton.cdiv(n_in, group)
-        merged = torch.empty(num_rows, n_out, k2, dtype=torch.int64, device=device)
-        _merge_top_keys[(num_rows, n_out)](
-            keys, n_in, merged, n_out, count, CAP=cap, GROUP=group, K2=k2, **_launch_options(device)
-        )
-        keys, n_in = merged, n_out
     small = min(cap, max(64, 2 * k2))  # most rows have a few more than k candidates
     _rank_rows[(num_rows,)](
         cand,
         count,
-        keys,
-        n_in,
+        rows,
+        vocab,
         lse,
         ids,
         logp,
         k,
         CAP=cap,
         SMALL=small,
-        GROUP=_pow2(n_in),
+        CHUNK=max(CHUNK, k2),
         K2=k2,
         **_launch_options(device),
     )

@@ -311,7 +311,7 @@ def build_trees(draft_logits: torch.Tensor, budget: int, *, kernels: bool | None
             request (any float dtype, any device; no NaN, no ``+inf``, each row with a finite logit).
         budget: ``N``, the number of nodes per tree (the root not counted); at most the number of
             distinct prefixes, which any real vocabulary exceeds.
-        kernels: build with the Triton kernels of ``ddtree_kernels`` (seven or eight launches) instead of torch
+        kernels: build with the Triton kernels of ``ddtree_kernels`` (six launches) instead of torch
             operators (about a hundred). Default: on CUDA where Triton is installed. Same trees; the
             log-probabilities are the logit minus the row's logsumexp, which may differ from
             ``torch.log_softmax`` in the last bit, so trees can differ where two prefixes tie to
