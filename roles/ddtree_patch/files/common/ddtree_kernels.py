@@ -490,12 +490,11 @@ def _ranked_logprobs(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
     cand = torch.empty(num_rows, cap, dtype=torch.int64, device=device)
     ids = torch.empty(num_rows, k, dtype=torch.int64, device=device)
     logp = torch.empty(num_rows, k, dtype=torch.float32, device=device)
-    _chunk_stats[(num_rows, n_chunks)](rows, vocab, n_chunks, stats, count, CHUNK=chunk, **_launch_options(device))
-    _row_threshold[(num_rows,)](
-        stats, n_chunks, threshold, lse, k, K2=k2, CHUNKS2=max(_pow2(n_chunks), k2), **_launch_options(device)
-    )
+    options = _launch_options(device)
+    _chunk_stats[(num_rows, n_chunks)](rows, vocab, n_chunks, stats, count, CHUNK=chunk, **options)
+    _row_threshold[(num_rows,)](stats, n_chunks, threshold, lse, k, K2=k2, CHUNKS2=max(_pow2(n_chunks), k2), **options)
     _gather_candidates[(num_rows, n_chunks)](
-        rows, vocab, stats, n_chunks, threshold, count, cand, CAP=cap, CHUNK=chunk, **_launch_options(device)
+        rows, vocab, stats, n_chunks, threshold, count, cand, CAP=cap, CHUNK=chunk, **options
     )
 
     small = min(cap, max(64, 2 * k2))  # most rows have a few more than k candidates
@@ -512,7 +511,7 @@ def _ranked_logprobs(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
         SMALL=small,
         CHUNK=max(CHUNK, k2),
         K2=k2,
-        **_launch_options(device),
+        **options,
     )
     return ids, logp, count
 
@@ -536,6 +535,7 @@ def build(draft_logits: torch.Tensor, budget: int, plan: ExpandPlan) -> tuple[to
     offsets = empty(batch, budget + 1)
     sel = 2 * n2  # keys a ranking step takes when the rest are known to rank below the first n2
     scratch = empty(batch, sel + n2)
+    options = _launch_options(device)
     _expand[(batch,)](
         ids,
         logp,
@@ -558,12 +558,12 @@ def build(draft_logits: torch.Tensor, budget: int, plan: ExpandPlan) -> tuple[to
         SEL=sel,
         FEW=min(n2, max(16, n2 // 4)),  # peaked logits: a depth often keeps a few prefixes at or above tau
         num_warps=8 if plan.p2 >= 512 else 4,  # measured on an H200 (16 was slower at every budget)
-        **_launch_options(device),
+        **options,
     )
     mask = empty(batch, budget + 1, budget + 1, dtype=torch.bool)
     rows = 16
     _ancestors[(batch, triton.cdiv(budget + 1, rows))](
-        parent, mask, N=budget, ROWS=rows, N1P=_pow2(budget + 1), **_launch_options(device)
+        parent, mask, N=budget, ROWS=rows, N1P=_pow2(budget + 1), **options
     )
     return tokens, depth, parent, scores, mask, offsets
 
@@ -584,6 +584,7 @@ def walk(
     accepted = torch.empty(batch, num_depths, dtype=torch.int64, device=device)
     count = torch.empty(batch, dtype=torch.int64, device=device)
     bonus = torch.empty(batch, dtype=targets.dtype, device=device)
+    options = _launch_options(device)
     _walk[(batch,)](
         tokens,
         parent,
@@ -598,6 +599,6 @@ def walk(
         N=budget,
         N2=n2,
         JUMPS=max(1, math.ceil(math.log2(num_depths))),  # 2**JUMPS >= D: a path's length
-        **_launch_options(device),
+        **options,
     )
     return accepted, count, bonus
