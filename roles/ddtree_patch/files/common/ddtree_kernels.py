@@ -323,15 +323,19 @@ def _expand(
             real = valid & (score == score)
             wanted = real & (score >= bound) & (score >= tau)
             _top_into(tl.where(real, _key(score, p), NO_KEY), wanted, scratch, SEL, N2, FEW)
-            top = tl.load(scratch + SEL + j)
-            tl.store(level_score + (b * D + d) * N2 + j, _key_value(top))
-            tl.store(level_pos + (b * D + d) * N2 + j, _key_index(top).to(tl.int32))
+            # The depth's sorted list read backwards (``at``: each key's position in it), so that
+            # it arrives in ascending order: flipping it in registers took log2(N2) exchanges
+            # between the program's threads, every depth.
+            at = N2 - 1 - j
+            top = tl.load(scratch + SEL + at)
+            tl.store(level_score + (b * D + d) * N2 + at, _key_value(top))
+            tl.store(level_pos + (b * D + d) * N2 + at, _key_index(top).to(tl.int32))
             # The first N2 of both sorted lists: the larger of each pair (i, N2-1-i) is their top
             # N2 as a bitonic sequence, which one merge sorts. ``listed``: the depth's keys with the
             # entry number in place of the position (the low half of a key holds the index).
-            entries = d * N2 + j.to(tl.int64)
+            entries = d * N2 + at.to(tl.int64)
             listed = tl.where(top != NO_KEY, ((top >> 32) << 32) | (4294967295 - entries), NO_KEY)
-            best = tl.bitonic_merge(tl.maximum(best, tl.flip(listed, 0)), descending=True)
+            best = tl.bitonic_merge(tl.maximum(best, listed), descending=True)
             tau = _score_at(best, N - 1)
             limit = tl.full((), 1, tl.int32) + d
     tl.debug_barrier()
