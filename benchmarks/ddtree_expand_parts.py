@@ -30,14 +30,14 @@ from ddtree_tree_bench import COMMON, load_module, time_events
 from ddtree_tree_bench import dt as tree_module
 
 # The loop's parts, as they appear in the kernel source, and what running each twice adds.
-MERGE = "            best = tl.bitonic_merge(tl.maximum(best, tl.flip(listed, 0)), descending=True)\n"
+MERGE = "            best = tl.bitonic_merge(tl.maximum(best, listed), descending=True)\n"
 RANK = "            _top_into(tl.where(real, _key(score, p), NO_KEY), wanted, scratch, SEL, N2, FEW)\n"
 TAU = "            tau = _score_at(best, N - 1)\n"
 SCORES = "            score = prev + step\n"
 TWICE = {
     "merge into the running order": (
         MERGE,
-        MERGE + "            best_x = tl.bitonic_merge(tl.maximum(best ^ dmy, tl.flip(listed, 0)), descending=True)\n"
+        MERGE + "            best_x = tl.bitonic_merge(tl.maximum(best ^ dmy, listed), descending=True)\n"
         "            best = tl.where(dmy == 7, best_x, best)\n",
     ),
     "rank the selected keys": (
@@ -76,6 +76,12 @@ def _with_runtime_zero(source: str) -> str:
     )
 
 
+def variant_sources(source: str) -> dict[str, str]:
+    """The baseline (the kernels' source with the runtime zero) and one variant per part in TWICE."""
+    base = _with_runtime_zero(source)
+    return {"baseline": base} | {f"{part} x2": _replace(base, old, new) for part, (old, new) in TWICE.items()}
+
+
 def _graph_us(step: Callable[[], object], iters: int) -> float:
     """Median microseconds of replaying ``step`` captured in a CUDA graph (warmed up on a side
     stream first, as capture needs)."""
@@ -103,8 +109,7 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("needs an NVIDIA GPU: the variants differ only in their kernels' GPU time")
 
-    base = _with_runtime_zero((COMMON / "ddtree_kernels.py").read_text())
-    sources = {"baseline": base} | {f"{part} x2": _replace(base, old, new) for part, (old, new) in TWICE.items()}
+    sources = variant_sources((COMMON / "ddtree_kernels.py").read_text())
     results: dict[str, dict[str, object]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         variants = {}
