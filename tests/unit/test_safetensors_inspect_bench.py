@@ -7,8 +7,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+# The benchmark puts module_utils first on sys.path when imported, where its vllm_venvs would
+# shadow the module of that name in library/ for the tests that run after this one: restore it.
+_saved_path = list(sys.path)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from safetensors_inspect import median_interval
+from safetensors_inspect import median_interval  # noqa: E402
+
+sys.path[:] = _saved_path
 
 
 def test_ranks_match_the_table_for_nine_and_a_hundred_values() -> None:
