@@ -68,3 +68,27 @@ def load_ddtree_runtime() -> types.ModuleType:
     _module("vllm.v1.sample.ops.topk_topp_sampler", apply_top_k_top_p=apply_top_k_top_p)
     _load("vllm.v1.spec_decode.ddtree_tree", FILES / "common" / "ddtree_tree.py")
     return _load("vllm.v1.spec_decode.ddtree", FILES / "vllm-0.20.1" / "added" / "ddtree.py")
+
+
+GDN_KERNELS = {
+    "fused_sigmoid_gating": "vllm/model_executor/layers/fla/ops/fused_sigmoid_gating.py",
+    "causal_conv1d": "vllm/model_executor/layers/mamba/ops/causal_conv1d.py",
+}
+
+
+def load_gdn_kernels(sources: dict[str, bytes], where: Path) -> dict[str, types.ModuleType]:
+    """The Gated DeltaNet kernel files given (pristine or patched release sources), loaded with the
+    two vLLM names they import (``vllm.triton_utils``: the real triton; the null-block constants)."""
+    import triton
+    import triton.language as tl
+
+    for name in ("vllm", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.backends"):
+        _module(name)
+    _module("vllm.triton_utils", tl=tl, triton=triton)
+    _module("vllm.v1.attention.backends.utils", NULL_BLOCK_ID=0, PAD_SLOT_ID=-1)
+    out = {}
+    for short, path in GDN_KERNELS.items():
+        file = where / Path(path).name
+        file.write_bytes(sources[path])
+        out[short] = _load(f"_gdn_{where.name}_{short}", file)
+    return out

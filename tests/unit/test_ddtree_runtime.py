@@ -130,7 +130,7 @@ def test_compaction_moves_the_accepted_path_onto_consecutive_slots(dd):
         cache[:, slot // 4, slot % 4] = float(row)
     hidden = torch.arange(13, dtype=torch.float32).view(-1, 1).repeat(1, 3)
     ids = step.input_ids.clone()
-    step.rt.compact(slots, [cache], [hidden, ids], step.positions)
+    step.rt.compact([(slots, [cache])], [hidden, ids], step.positions)
     kv_rows = [int(cache[0, s // 4, s % 4, 0, 0]) for s in slots.tolist()]
     # b's nodes 2 and 3 (rows 3, 4) now sit at depths 1 and 2 (rows 1, 2); a's node 0 was in place.
     assert kv_rows == [0, 3, 4, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]

@@ -1,7 +1,7 @@
 """The ddtree change set against the real vLLM 0.20.1 wheel's files, and the vllm_patch module.
 
-The wheel is downloaded once into /var/cache/dflash-lab/wheels (outside the repository) with
-``pip download --no-deps vllm==0.20.1``; only the files the change set touches are unpacked.
+The wheel comes from ``release_files`` (downloaded once, outside the repository); only the files
+the change set touches are unpacked.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import release_files
 import vllm_patch
 from ansible.errors import AnsibleError
 from ansible.module_utils import vllm_changeset as cs
@@ -25,7 +26,6 @@ from ansible.module_utils.testing import patch_module_args
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT = str(REPO / "roles" / "ddtree_patch" / "files")
-WHEEL_DIR = Path(os.environ.get("DFLASH_LAB_WHEELS", "/var/cache/dflash-lab/wheels"))
 
 # Digests of the files as vLLM 0.20.1 ships them (read off the PyPI wheel).
 PRISTINE_SHA256 = {
@@ -41,6 +41,9 @@ TOUCHED = [
     "vllm/v1/attention/selector.py",
     "vllm/v1/spec_decode/dflash.py",
     "vllm/v1/worker/gpu_model_runner.py",
+    "vllm/model_executor/layers/fla/ops/fused_sigmoid_gating.py",
+    "vllm/model_executor/layers/mamba/ops/causal_conv1d.py",
+    "vllm/model_executor/layers/mamba/gdn_linear_attn.py",
 ]
 ADDED = [
     "vllm/v1/spec_decode/ddtree.py",
@@ -50,15 +53,7 @@ ADDED = [
 
 
 def _wheel() -> Path:
-    found = sorted(WHEEL_DIR.glob("vllm-0.20.1-*.whl"))
-    if not found:
-        WHEEL_DIR.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "vllm==0.20.1", "-d", str(WHEEL_DIR)],
-            check=True,
-        )
-        found = sorted(WHEEL_DIR.glob("vllm-0.20.1-*.whl"))
-    return found[0]
+    return release_files.wheel()
 
 
 @pytest.fixture(scope="session")
@@ -164,8 +159,12 @@ def test_patched_sources_carry_the_fixes(venv):
     spec = (site / "vllm/config/speculative.py").read_text()
     assert '"ddtree",' in spec
     assert "def use_ddtree(self) -> bool:" in spec
-    assert "or vLLM 0.28.0 or newer, which runs sliding-window drafter" in spec
-    assert "DDTree refused: the target (%s) has recurrent layers" in spec
+    assert "def _check_sliding_window_dflash_drafter(self) -> None:" in spec
+    assert "branch-local state in this change set" in spec
+    drafter = (site / "vllm/model_executor/models/qwen3_dflash.py").read_text()
+    assert "self.attn.impl.sliding_window = (sliding_window - 1, 0)" in drafter
+    gdn = (site / "vllm/model_executor/layers/mamba/gdn_linear_attn.py").read_text()
+    assert gdn.count("parent_rows=tree_parents,") == 2
     kernel = (site / "vllm/v1/attention/ops/triton_unified_attention.py").read_text()
     assert "+ seq_idx * qq_bias_stride_seq" in kernel
 
@@ -304,7 +303,7 @@ def test_module_check_mode_then_apply_then_idempotent_then_absent(venv, capsys, 
     checked = run_module(args, capsys, check=True, diff=True)
     assert checked["changed"] is True
     assert sorted(checked["changed_files"]) == sorted(TOUCHED + ADDED)
-    assert len(checked["diff"]) == 11
+    assert len(checked["diff"]) == 14
     assert snapshot(site) == before
     assert not (venv / "vllm-changeset.json").exists()
 
@@ -371,7 +370,7 @@ def test_inline_check_apply_idempotent_absent(venv, capsys, pristine_files):
 
     checked = run_module(every, capsys, check=True, diff=True)
     assert checked["changed"] is True
-    assert len(checked["diff"]) == 11
+    assert len(checked["diff"]) == 14
     assert snapshot(site) == before
 
     applied = run_module(every, capsys)
@@ -507,7 +506,7 @@ def test_action_plugin_sends_files_only_when_something_changes(venv, tmp_path, p
     assert got["again"]["sources_sent"] == []
     assert got["dry"]["changed"] is True
     assert got["dry"]["check_mode"] is True
-    assert len(got["dry"]["diff"]) == 11
+    assert len(got["dry"]["diff"]) == 14
     assert got["absent"]["changed"] is True
     assert sorted(got["absent"]["sources_sent"]) == DIFFS
     assert got["refused"]["failed"] is True
@@ -615,43 +614,91 @@ def test_dflash_target_layer_ids_are_captured_one_layer_later(patched_site, venv
     assert old(runner) == (1, 16, 31, 46, 61)
 
 
+def _function(site: Path, relpath: str, name: str, env: dict):
+    """A module-level function of a patched file, lifted out as _method lifts methods."""
+    import ast
+    import textwrap
+
+    for node in ast.parse((site / relpath).read_text()).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            node.returns = None
+            for arg in node.args.args:
+                arg.annotation = None
+            scope = dict(env)
+            exec(compile(textwrap.dedent(ast.unparse(node)), relpath, "exec"), scope)
+            return scope[name]
+    raise AssertionError(f"{name} not found in {relpath}")
+
+
 QWEN36_LAYER_TYPES = ["sliding_attention"] * 4 + ["full_attention"]
 
 
-def test_sliding_window_drafter_is_refused_with_the_fix(patched_site):
+def test_sliding_window_drafter_layers_run_causal_over_their_window(patched_site):
+    """Qwen3.6-27B-DFlash: four causal layers over a 2048-token window, then one full non-causal
+    layer (the rule later vLLM releases use); the pristine release ran all five full."""
+    rule = _function(
+        patched_site,
+        "vllm/model_executor/models/qwen3_dflash.py",
+        "dflash_layer_attention",
+        {"_SLIDING_ATTENTION": "sliding_attention"},
+    )
+    qwen36 = Obj(layer_types=QWEN36_LAYER_TYPES, sliding_window=2048, dflash_config={})
+    assert [rule(qwen36, i) for i in range(5)] == [(2048, True)] * 4 + [(None, False)]
+    qwen35 = Obj(layer_types=["full_attention"] * 5, sliding_window=None, dflash_config={})
+    assert [rule(qwen35, i) for i in range(5)] == [(None, False)] * 5
+    # dflash_config.swa_window_size wins over sliding_window; use_swa without layer_types slides all.
+    sized = Obj(layer_types=QWEN36_LAYER_TYPES, sliding_window=2048, dflash_config={"swa_window_size": 512})
+    assert rule(sized, 0) == (512, True)
+    flag = Obj(layer_types=None, sliding_window=64, dflash_config={"use_swa": True})
+    assert rule(flag, 2) == (64, False)
+    forced = Obj(layer_types=QWEN36_LAYER_TYPES, sliding_window=2048, dflash_config={"causal": False})
+    assert rule(forced, 0) == (2048, False)
+    no_window = Obj(layer_types=QWEN36_LAYER_TYPES, sliding_window=None, dflash_config={})
+    with pytest.raises(ValueError, match=r"layer 0 slides, but no window size is set"):
+        rule(no_window, 0)
+
+
+def test_a_drafter_whose_layer_types_cannot_be_run_is_refused(patched_site):
     fn = _method(
         patched_site,
         "vllm/config/speculative.py",
         "SpeculativeConfig",
-        "_refuse_sliding_window_dflash_drafter",
-        {},
+        "_check_sliding_window_dflash_drafter",
+        {"logger": Log()},
     )
-    sliding = Obj(
-        model="/opt/models/Qwen3.6-27B-DFlash",
-        draft_model_config=Obj(hf_config=Obj(layer_types=QWEN36_LAYER_TYPES, dflash_config={})),
+    short = Obj(
+        model="d", draft_model_config=Obj(hf_config=Obj(layer_types=["sliding_attention"], num_hidden_layers=5))
     )
-    with pytest.raises(ValueError, match=r"layers \[0, 1, 2, 3\] as sliding_attention.*vLLM 0\.28\.0 or newer"):
-        fn(sliding)
+    with pytest.raises(ValueError, match=r"needs one entry per draft layer \(5\)"):
+        fn(short)
+    odd = Obj(
+        model="d", draft_model_config=Obj(hf_config=Obj(layer_types=["chunked_attention"] * 2, num_hidden_layers=2))
+    )
+    with pytest.raises(ValueError, match=r"'sliding_attention' or 'full_attention'"):
+        fn(odd)
     full = Obj(
-        model="/opt/models/Qwen3.5-27B-DFlash",
-        draft_model_config=Obj(hf_config=Obj(layer_types=["full_attention"] * 5, dflash_config={})),
+        model="d", draft_model_config=Obj(hf_config=Obj(layer_types=["full_attention"] * 5, num_hidden_layers=5))
     )
     assert fn(full) is None
-    swa_flag = Obj(model="x", draft_model_config=Obj(hf_config=Obj(dflash_config={"use_swa": True})))
-    with pytest.raises(ValueError, match=r"dflash_config\.use_swa is true"):
-        fn(swa_flag)
 
 
-def test_ddtree_falls_back_to_the_chain_on_recurrent_targets(patched_site):
-    log = Log()
+class InfoLog(Log):
+    def info(self, msg, *args):
+        self.lines.append(msg % args)
+
+
+def test_ddtree_keeps_trees_on_gated_deltanet_hybrids_and_falls_back_on_mamba(patched_site):
+    log = InfoLog()
     fn = _method(
         patched_site,
         "vllm/config/speculative.py",
         "SpeculativeConfig",
-        "_maybe_fall_back_from_ddtree",
+        "_check_ddtree_recurrent_target",
         {"logger": log},
     )
-    qwen36_text = Obj(model_type="qwen3_5_text", layer_types=["linear_attention"] * 3 + ["full_attention"])
+    qwen36_text = Obj(
+        model_type="qwen3_5_text", layer_types=["linear_attention"] * 3 + ["full_attention"], linear_conv_kernel_dim=4
+    )
     spec = Obj(
         target_model_config=Obj(hf_text_config=qwen36_text, is_hybrid=True),
         num_speculative_tokens=64,
@@ -659,12 +706,21 @@ def test_ddtree_falls_back_to_the_chain_on_recurrent_targets(patched_site):
         ddtree_budget=64,
     )
     fn(spec)
-    assert (spec.num_speculative_tokens, spec.ddtree_depth, spec.ddtree_budget) == (15, None, None)
+    assert (spec.num_speculative_tokens, spec.ddtree_depth, spec.ddtree_budget) == (64, 15, 64)
     assert log.lines == [
-        "DDTree refused: the target (qwen3_5_text) has recurrent layers (linear_attention), which need "
-        "branch-local state to verify a tree; this vLLM has none. Falling back to the DFlash chain with "
-        "num_speculative_tokens=15 (ddtree_budget=64 ignored)."
+        "DDTree on a Gated DeltaNet hybrid (qwen3_5_text): every tree node keeps its own recurrent state "
+        "slot (65 per request)."
     ]
+    nemotron = Obj(model_type="nemotron_h", layers_block_type=["mamba", "attention"], layer_types=None)
+    mamba = Obj(
+        target_model_config=Obj(hf_text_config=nemotron, is_hybrid=True),
+        num_speculative_tokens=64,
+        ddtree_depth=15,
+        ddtree_budget=64,
+    )
+    fn(mamba)
+    assert (mamba.num_speculative_tokens, mamba.ddtree_depth, mamba.ddtree_budget) == (15, None, None)
+    assert log.lines[-1].startswith("DDTree refused: the target (nemotron_h) has recurrent layers (mamba) without")
     dense = Obj(
         target_model_config=Obj(hf_text_config=Obj(model_type="qwen3", layer_types=["full_attention"] * 4)),
         num_speculative_tokens=64,

@@ -23,6 +23,17 @@ How it rides on the DFlash machinery of this release:
   states) see a plain sequence again.
 * ``build`` turns the drafter's logits into the next step's trees.
 
+On hybrid targets (Gated DeltaNet layers, e.g. Qwen3.5/3.6) the verified
+tokens' recurrent state follows the tree too: ``current_tree_parents`` gives
+the GDN kernels each token's parent row, so a node continues its parent's
+convolution window and recurrent state (every row's state goes to its own
+state slot, as in a chain). ``compact`` then commits the accepted path: the
+next step resumes from the last accepted node's state slot
+(``resume_recurrent_state`` points the runner's accepted-token count at it)
+and the convolution window ending there is rewritten to hold that node's
+ancestors. M-RoPE targets get the same depth-based positions in all three
+position rows.
+
 Trees are kept per request id between steps, so requests may join, leave or
 be reordered. Requests with draft tokens but no stored tree (drafting was
 skipped near max_model_len) verify nothing and still get their bonus token.
@@ -58,6 +69,30 @@ def _set_attn_bias(bias: torch.Tensor | None) -> None:
     _STEP_ATTN_BIAS = bias
 
 
+# Parent row (within its request, -1 for the root row) of every token of the
+# step being verified; read by the Gated DeltaNet layers' spec-decode path.
+_STEP_TREE_PARENTS: torch.Tensor | None = None
+
+
+def current_tree_parents() -> torch.Tensor | None:
+    return _STEP_TREE_PARENTS
+
+
+def _set_tree_parents(parents: torch.Tensor | None) -> None:
+    global _STEP_TREE_PARENTS
+    _STEP_TREE_PARENTS = parents
+
+
+@dataclass
+class RecurrentGroup:
+    """The convolution states of one KV-cache group of Gated DeltaNet layers
+    (each ``[cache_lines, dim, window]``) and each request's cache line."""
+
+    conv_states: list[torch.Tensor]
+    cache_lines: torch.Tensor  # [num_reqs] int
+    width: int  # the convolution's kernel width
+
+
 @dataclass
 class _StoredTrees:
     """The trees proposed at the end of a step, rows in that step's batch order."""
@@ -81,6 +116,7 @@ class _StepTrees:
     depth: torch.Tensor  # [num_reqs, N]
     ancestor_mask: torch.Tensor  # [num_reqs, N+1, N+1]
     seq_positions: torch.Tensor  # [num_tokens] positions before the override
+    seq_mrope_positions: torch.Tensor | None = None  # [3, num_tokens] likewise
     accepted_nodes: torch.Tensor | None = None  # [num_reqs, D]
     num_accepted: torch.Tensor | None = None  # [num_reqs]
 
@@ -104,6 +140,9 @@ class DDTreeRuntime:
         star[:, 0] = True
         self._star_mask = star
         self._node_ids = torch.arange(n + 1, device=device)
+        # Hybrid targets: the accepted-token count the recurrent layers resume
+        # from next step, per request of the step just compacted.
+        self._resume: tuple[torch.Tensor, torch.Tensor] | None = None
         logger.info("DDTree: budget %d nodes, drafter depth %d.", budget, depth)
 
     def _warn_once(self, key: str, msg: str) -> None:
@@ -141,11 +180,15 @@ class DDTreeRuntime:
         req_indices: torch.Tensor,
         query_pos: torch.Tensor,
         positions: torch.Tensor,
+        mrope_positions: torch.Tensor | None = None,
     ) -> None:
         """Give draft tokens depth-based positions and set the per-request bias.
 
         ``positions`` (the runner's buffer, already used for slot mapping) is
-        updated in place for the tokens of requests with drafts.
+        updated in place for the tokens of requests with drafts, and so is
+        ``mrope_positions`` ``[3, tokens]`` for M-RoPE targets (decode tokens
+        are text: the three rows move together). Each token's parent row is
+        published for the recurrent layers.
         """
         n = self.budget
         num_reqs = len(num_draft_tokens)
@@ -186,7 +229,15 @@ class DDTreeRuntime:
         tok_depth = depth[req_indices, node]
         seq_positions = positions[:total].clone()
         new_pos = num_computed_tokens[req_indices].to(torch.int64) + torch.where(tok_has, tok_depth, qpos)
+        seq_mrope = None
+        if mrope_positions is not None:
+            seq_mrope = mrope_positions[:, :total].clone()
+            mrope_positions[:, :total] += (new_pos - seq_positions.to(torch.int64)).to(mrope_positions.dtype)
         positions[:total] = new_pos
+        # Parent rows: a node's parent node + 1 (the root's children: row 0);
+        # other tokens continue the row before them, as in a chain.
+        tok_parent = torch.where(tok_has, parent[req_indices, node] + 1, qpos - 1)
+        _set_tree_parents(tok_parent.to(torch.int32))
 
         # Bias [num_reqs, N+1, N+1]: 0 where attention is allowed; requests
         # without drafts (decodes of one token, short prefills) stay causal.
@@ -205,10 +256,12 @@ class DDTreeRuntime:
             depth=depth,
             ancestor_mask=mask,
             seq_positions=seq_positions,
+            seq_mrope_positions=seq_mrope,
         )
 
     def end_forward(self) -> None:
         _set_attn_bias(None)
+        _set_tree_parents(None)
 
     # ------------------------------------------------------------------
     # Acceptance
@@ -304,13 +357,15 @@ class DDTreeRuntime:
     # ------------------------------------------------------------------
     def compact(
         self,
-        slot_mapping: torch.Tensor,
-        kv_caches: list[torch.Tensor],
+        kv_groups: list[tuple[torch.Tensor, list[torch.Tensor]]],
         row_tensors: list[torch.Tensor],
         positions: torch.Tensor,
+        mrope_positions: torch.Tensor | None = None,
+        recurrent: list[RecurrentGroup] | None = None,
     ) -> None:
         """Move the accepted nodes (rows query_start + node + 1) to the path's
-        consecutive rows (query_start + depth) in the target KV caches and in
+        consecutive rows (query_start + depth) in the target KV caches
+        (``kv_groups``: each KV-cache group's slot mapping and caches) and in
         ``row_tensors`` (hidden states, input ids).
 
         ``positions`` gets the plain sequence positions back: the accepted
@@ -320,9 +375,14 @@ class DDTreeRuntime:
         """
         step = self._step
         self._step = None
+        self._resume = None
         if step is None or step.accepted_nodes is None:
             return
         positions[: step.seq_positions.shape[0]] = step.seq_positions
+        if mrope_positions is not None and step.seq_mrope_positions is not None:
+            mrope_positions[:, : step.seq_mrope_positions.shape[1]] = step.seq_mrope_positions
+        if recurrent:
+            self._commit_recurrent(step, recurrent)
         acc = step.accepted_nodes  # [R, D] node indices, -1 padded
         d = acc.shape[1]
         depth_rows = torch.arange(1, d + 1, device=acc.device).view(1, -1)
@@ -332,11 +392,66 @@ class DDTreeRuntime:
         dst = (qs + depth_rows).expand_as(acc)[move]
         if src.numel() == 0:
             return
-        src_slots = slot_mapping[src].to(torch.int64)
-        dst_slots = slot_mapping[dst].to(torch.int64)
-        for cache in kv_caches:
-            block = cache.shape[2]
-            moved = cache[:, src_slots // block, src_slots % block]
-            cache[:, dst_slots // block, dst_slots % block] = moved
+        for slot_mapping, kv_caches in kv_groups:
+            src_slots = slot_mapping[src].to(torch.int64)
+            dst_slots = slot_mapping[dst].to(torch.int64)
+            for cache in kv_caches:
+                block = cache.shape[2]
+                moved = cache[:, src_slots // block, src_slots % block]
+                cache[:, dst_slots // block, dst_slots % block] = moved
         for t in row_tensors:
             t[dst] = t[src]
+
+    # ------------------------------------------------------------------
+    # Hybrid targets: commit the accepted path's recurrent state
+    # ------------------------------------------------------------------
+    def _commit_recurrent(self, step: _StepTrees, groups: list[RecurrentGroup]) -> None:
+        """Point next step's recurrent layers at the last accepted node.
+
+        The state after every verified row is in that row's state slot, so
+        resuming from the last accepted row ``r`` needs only the accepted-token
+        count ``r + 1`` (the layers read slot ``count - 1``). The convolution
+        window resumes from entries ``r .. r + width - 2`` of the conv state
+        (row ``j`` at entry ``width - 2 + j``, history below): those entries
+        must hold ``r``'s ancestors, not the rows before it. A chain, and a
+        path along the first rows, leaves both as they are.
+        """
+        num_reqs = step.num_reqs
+        acc = step.accepted_nodes
+        num = step.num_accepted
+        assert acc is not None and num is not None
+        last_node = acc.gather(1, (num - 1).clamp(min=0).view(-1, 1)).view(-1)
+        last_row = torch.where((num > 0) & step.has_tree, last_node + 1, 0)
+        self._resume = (last_row + 1, step.has_drafts)
+        for group in groups:
+            val = group.width - 2  # entry of row 0
+            cur = val + last_row
+            src, dst = [], []
+            for k in range(1, group.width - 1):
+                dst.append(val + last_row - k)
+                is_row = cur > val
+                row = (cur - val).clamp(min=1)
+                parent_row = step.parent.gather(1, (row - 1).view(-1, 1)).view(-1) + 1
+                cur = torch.where(is_row, val + parent_row, cur - 1)
+                src.append(cur)
+            if not src:
+                continue
+            src_t = torch.stack(src, 1)  # [R, width - 2]
+            dst_t = torch.stack(dst, 1)
+            # Requests without a tree keep their window (src == dst).
+            src_t = torch.where(step.has_tree.view(-1, 1), src_t, dst_t)
+            lines = group.cache_lines[:num_reqs].to(torch.int64).view(-1, 1).expand_as(src_t)
+            for conv in group.conv_states:
+                conv[lines, :, dst_t] = conv[lines, :, src_t]
+
+    def resume_recurrent_state(self, num_accepted_tokens: torch.Tensor) -> None:
+        """After the runner counted accepted tokens: the recurrent layers of
+        requests verified as trees resume from their last accepted node."""
+        pending = self._resume
+        self._resume = None
+        if pending is None:
+            return
+        resume, has_drafts = pending
+        n = min(resume.shape[0], num_accepted_tokens.shape[0])
+        counts = num_accepted_tokens[:n]
+        counts.copy_(torch.where(has_drafts[:n], resume[:n].to(counts.dtype), counts))
