@@ -31,14 +31,16 @@ METHODS = (METHOD_DFLASH, METHOD_DDTREE)
 FIX_AUX_LAYER_OFFSET = "aux_layer_offset"
 FIX_SLIDING_DRAFTER = "sliding_drafter"
 FIX_DDTREE = "ddtree"
-PATCH_FIXES = (FIX_AUX_LAYER_OFFSET, FIX_SLIDING_DRAFTER, FIX_DDTREE)
+FIX_HYBRID_TREE = "hybrid_tree"  # branch-local Gated DeltaNet state, so trees run on hybrids
+PATCH_FIXES = (FIX_AUX_LAYER_OFFSET, FIX_SLIDING_DRAFTER, FIX_DDTREE, FIX_HYBRID_TREE)
 
 # ddtree_patch's change sets: release -> what it fixes there. Only 0.20.1 has one (the last
 # release with tree attention).
 PROJECT_PATCHES: dict[str, tuple[str, ...]] = {
-    # The 0.20.1 change set refuses sliding-window drafters at start rather than running them
-    # wrong, so it does not count as a fix for them.
-    "0.20.1": (FIX_AUX_LAYER_OFFSET, FIX_DDTREE),
+    # Measured on an H200 (docs/ddtree_patch.md): with the 0.20.1 change set, sliding-window
+    # drafter layers run causal over their window, and DDTree on a Gated DeltaNet hybrid target
+    # (Qwen3.5/3.6) is token-for-token identical to the target alone.
+    "0.20.1": (FIX_AUX_LAYER_OFFSET, FIX_SLIDING_DRAFTER, FIX_DDTREE, FIX_HYBRID_TREE),
 }
 
 LEVEL_REFUSE = "refuse"
@@ -429,9 +431,9 @@ def evaluate(req: Request) -> list[Finding]:
                         "sliding-drafter-silent-full",
                         f"vLLM {vtext} silently runs this drafter's sliding-window layers as full "
                         "non-causal attention, which collapses acceptance without an error "
-                        "(vllm-project/vllm#40898); pick 0.26.0 or later (DFlash chain only), or use "
-                        "a drafter whose layers are all full attention (this project's 0.20.1 change "
-                        "set refuses sliding-window drafters rather than run them wrong)",
+                        "(vllm-project/vllm#40898); pick 0.20.1 with ddtree_patch (which runs them "
+                        "causal over their window), 0.26.0 or later (DFlash chain only), or a drafter "
+                        "whose layers are all full attention",
                     )
                 )
         elif row.sliding == SLIDING_REFUSES:
@@ -468,7 +470,7 @@ def evaluate(req: Request) -> list[Finding]:
             )
         )
 
-    if req.method == METHOD_DDTREE and req.hybrid_target:
+    if req.method == METHOD_DDTREE and req.hybrid_target and FIX_HYBRID_TREE not in fixes:
         findings.append(
             _warn(
                 "ddtree-hybrid-target",

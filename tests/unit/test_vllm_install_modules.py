@@ -60,21 +60,34 @@ def test_release_check_passes_the_projects_deployment_with_warnings(capsys) -> N
     assert result["release"]["since"] == "0.20.0"
     assert [f["code"] for f in result["findings"]] == [
         "aux-layer-offset-patched",
-        "ddtree-hybrid-target",
         "gdn-prefix-caching",
         "fa3-aot-cuda-graphs",
     ]
-    assert len(result["warnings_found"]) == 4
+    assert len(result["warnings_found"]) == 3
 
 
-def test_release_check_refuses_a_sliding_drafter_on_the_patched_release(capsys) -> None:
+def test_release_check_accepts_a_sliding_drafter_on_the_patched_release(capsys) -> None:
     failed, result = run_module(
         vllm_release_check,
         {"version": "0.20.1", "method": "ddtree", "sliding_drafter": True, "ddtree_patch": True},
         capsys,
     )
+    assert failed is False
+    assert result["refusals"] == []
+    assert "sliding-drafter-patched" in [f["code"] for f in result["findings"]]
+
+
+def test_release_check_refuses_a_sliding_drafter_on_the_unpatched_release(capsys) -> None:
+    failed, result = run_module(
+        vllm_release_check,
+        {"version": "0.20.1", "method": "dflash", "sliding_drafter": True, "ddtree_patch": False},
+        capsys,
+    )
     assert failed is True
-    assert [f["code"] for f in result["findings"] if f["level"] == "refuse"] == ["sliding-drafter-silent-full"]
+    assert [f["code"] for f in result["findings"] if f["level"] == "refuse"] == [
+        "aux-layer-offset",
+        "sliding-drafter-silent-full",
+    ]
 
 
 def test_release_check_fails_with_every_refusal(capsys) -> None:
@@ -107,7 +120,8 @@ def test_release_check_rejects_unknown_patch_fixes(capsys) -> None:
     )
     assert failed is True
     assert result["msg"] == (
-        "patch_fixes names magic, which ddtree_patch does not fix; use only aux_layer_offset, sliding_drafter, ddtree"
+        "patch_fixes names magic, which ddtree_patch does not fix; use only aux_layer_offset, sliding_drafter, ddtree, "
+            "hybrid_tree"
     )
 
 

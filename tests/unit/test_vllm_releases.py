@@ -18,7 +18,7 @@ from ansible.module_utils.vllm_releases import (
     warnings,
 )
 
-ALL_FIXES = frozenset({"aux_layer_offset", "sliding_drafter", "ddtree"})
+ALL_FIXES = frozenset({"aux_layer_offset", "sliding_drafter", "ddtree", "hybrid_tree"})
 
 
 def codes(req: Request) -> list[tuple[str, str]]:
@@ -82,9 +82,9 @@ def test_parse_version_rejects_non_releases(text: str) -> None:
 
 
 def test_patch_fixes_for() -> None:
-    # The 0.20.1 change set refuses sliding-window drafters: it fixes the other two.
-    assert patch_fixes_for("0.20.1", enabled=True) == frozenset({"aux_layer_offset", "ddtree"})
-    assert patch_fixes_for("0.20.1+cu130", enabled=True) == frozenset({"aux_layer_offset", "ddtree"})
+    # The 0.20.1 change set fixes all four.
+    assert patch_fixes_for("0.20.1", enabled=True) == ALL_FIXES
+    assert patch_fixes_for("0.20.1+cu130", enabled=True) == ALL_FIXES
     assert patch_fixes_for("0.20.1", enabled=False) == frozenset()
     assert patch_fixes_for("0.20.0", enabled=True) == frozenset()
     assert patch_fixes_for("0.22.0", enabled=True) == frozenset()
@@ -198,9 +198,9 @@ def test_sliding_drafter_silently_full_is_refused() -> None:
         "level": "refuse",
         "code": "sliding-drafter-silent-full",
         "message": "vLLM 0.22.0 silently runs this drafter's sliding-window layers as full non-causal "
-        "attention, which collapses acceptance without an error (vllm-project/vllm#40898); pick 0.26.0 "
-        "or later (DFlash chain only), or use a drafter whose layers are all full attention (this project's "
-        "0.20.1 change set refuses sliding-window drafters rather than run them wrong)",
+        "attention, which collapses acceptance without an error (vllm-project/vllm#40898); pick 0.20.1 "
+        "with ddtree_patch (which runs them causal over their window), 0.26.0 or later (DFlash chain only), "
+        "or a drafter whose layers are all full attention",
     }
 
 
@@ -237,8 +237,15 @@ def test_gdn_spec_token_cap_from_0280() -> None:
     assert ("refuse", "gdn-spec-tokens") not in codes(req("0.26.0", hybrid_target=True, num_speculative_tokens=15))
 
 
-def test_ddtree_on_hybrid_target_warns_it_runs_the_chain() -> None:
+def test_ddtree_on_hybrid_target_runs_trees_with_the_patch() -> None:
     found = codes(req("0.20.1", method="ddtree", hybrid_target=True, patch_fixes=ALL_FIXES))
+    assert ("warn", "ddtree-hybrid-target") not in found
+    assert refusals(evaluate(req("0.20.1", method="ddtree", hybrid_target=True, patch_fixes=ALL_FIXES))) == []
+
+
+def test_ddtree_on_hybrid_target_warns_it_runs_the_chain_without_the_hybrid_fix() -> None:
+    fixes = ALL_FIXES - {"hybrid_tree"}
+    found = codes(req("0.20.1", method="ddtree", hybrid_target=True, patch_fixes=fixes))
     assert ("warn", "ddtree-hybrid-target") in found
 
 
@@ -267,7 +274,6 @@ def test_the_projects_deployment_passes_with_warnings_only() -> None:
     assert [f.code for f in warnings(findings)] == [
         "aux-layer-offset-patched",
         "sliding-drafter-patched",
-        "ddtree-hybrid-target",
         "gdn-prefix-caching",
         "fa3-aot-cuda-graphs",
     ]
