@@ -160,6 +160,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.safe_io import atomic_write
 from ansible.module_utils.vllm_changeset import (
     ABSENT,
     PRESENT,
@@ -234,10 +235,13 @@ def run(module: AnsibleModule) -> dict:
         execute(the_plan)
         if params["state"] == PRESENT:
             text = json.dumps(record(changeset, the_plan), indent=2, sort_keys=True) + "\n"
-            tmp = record_path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.replace(tmp, record_path)
+            try:
+                atomic_write(record_path, text, 0o644, prefix=".")
+            except OSError as exc:
+                raise ChangeSetError(
+                    f"vLLM was patched but its record {record_path} could not be written ({exc.strerror or exc});"
+                    " free space or fix the venv's permissions and run again"
+                ) from None
         elif os.path.exists(record_path):
             os.unlink(record_path)
     return result

@@ -82,18 +82,20 @@ def _create_temp(dfd: int, name: str, prefix: str, suffix: str) -> tuple[int, st
     raise UnsafeFileError(f"no free temporary name for {name} after 100 tries; remove {prefix}* files beside it")
 
 
-def open_regular(path: str, what: str = "") -> int:
+def open_regular(path: str, what: str = "", follow: bool = False) -> int:
     """A read-only descriptor of ``path`` if it is a regular file (not a symlink, FIFO, device or directory).
 
-    FileNotFoundError passes through; everything else unsafe is an UnsafeFileError.
+    ``follow``: a symlink to a regular file is accepted (for files only read, never written
+    through). FileNotFoundError passes through; everything else unsafe is an UnsafeFileError.
     """
     label = what or path
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise
     except OSError as exc:
-        if os.path.islink(path):
+        if not follow and os.path.islink(path):
             raise UnsafeFileError(
                 f"{label} is a symlink; it is read only as a regular file: remove the link and run again"
             ) from None
@@ -117,10 +119,10 @@ def _kind(mode: int) -> str:
     return "not a plain file"
 
 
-def read_regular(path: str, limit: int, what: str = "") -> bytes:
+def read_regular(path: str, limit: int, what: str = "", follow: bool = False) -> bytes:
     """At most ``limit`` bytes of the regular file ``path``; a bigger file is refused, naming it."""
     label = what or path
-    fd = open_regular(path, label)
+    fd = open_regular(path, label, follow)
     try:
         with os.fdopen(fd, "rb") as fh:
             data = fh.read(limit + 1)

@@ -35,15 +35,18 @@ Pure logic plus file I/O, standard library only (runs on managed nodes).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, loads_json, read_regular
+
 MANIFEST = "manifest.json"
+# A manifest lists a few dozen files; a patched or added source file is well below this.
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+MAX_SOURCE_BYTES = 64 * 1024 * 1024
 FORMAT = 1
 RECORD_NAME = "vllm-changeset.json"
 
@@ -280,11 +283,23 @@ def load_changeset(root: str, version: str, patchset: str) -> ChangeSet:
         src = Path(root) / relpath
         if not src.is_file():
             raise ChangeSetError(f"The change set is incomplete: {src} is missing.")
-        return src.read_bytes()
+        return _bounded(src, MAX_SOURCE_BYTES)
 
     return parse_changeset(
-        manifest_path.read_bytes(), str(manifest_path), version, patchset, read, lambda rel: str(Path(root) / rel)
+        _bounded(manifest_path, MAX_MANIFEST_BYTES),
+        str(manifest_path),
+        version,
+        patchset,
+        read,
+        lambda rel: str(Path(root) / rel),
     )
+
+
+def _bounded(path: Path, limit: int) -> bytes:
+    try:
+        return read_regular(str(path), limit, follow=True)
+    except UnsafeFileError as exc:
+        raise ChangeSetError(f"{exc}.") from None
 
 
 def load_inline_changeset(
@@ -328,10 +343,12 @@ def parse_changeset(
     the file is not at hand (the entry then carries no content); ``describe`` names such a
     path in errors.
     """
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ChangeSetError(f"{where} is larger than {MAX_MANIFEST_BYTES} bytes; it is not a change-set manifest.")
     try:
-        manifest = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ChangeSetError(f"{where} is not valid JSON: {exc}") from exc
+        manifest = loads_json(raw, where)
+    except UnsafeFileError as exc:
+        raise ChangeSetError(f"{exc}.") from None
     if not isinstance(manifest, dict):
         raise ChangeSetError(f"{where} is not a JSON object.")
     if manifest.get("format") != FORMAT:
@@ -425,10 +442,13 @@ class Plan:
 
 
 def _read(path: Path) -> bytes | None:
+    """A file in site-packages as it is now (None: absent); only a regular file, bounded."""
     try:
-        return path.read_bytes()
+        return read_regular(str(path), MAX_SOURCE_BYTES, follow=True)
     except FileNotFoundError:
         return None
+    except UnsafeFileError as exc:
+        raise ChangeSetError(f"{exc}; vLLM's files must be plain files: reinstall vLLM.") from None
 
 
 def _classify(change: FileChange, current: bytes | None, target: Path, version: str) -> tuple[str | None, str]:
@@ -545,21 +565,11 @@ def plan(changeset: ChangeSet, site_packages: str, state: str) -> Plan:
 def _atomic_write(target: Path, data: bytes, mode: int) -> None:
     """Replace ``target`` in one rename, keeping its owner (a new file takes its directory's owner)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    ref = (target if target.exists() else target.parent).stat()
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        if os.geteuid() == 0 and (ref.st_uid, ref.st_gid) != (os.getuid(), os.getgid()):
-            os.chown(tmp, ref.st_uid, ref.st_gid)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    ref = os.lstat(target if os.path.lexists(target) else target.parent)
+    owner = None
+    if os.geteuid() == 0 and (ref.st_uid, ref.st_gid) != (os.getuid(), os.getgid()):
+        owner = (ref.st_uid, ref.st_gid)
+    atomic_write(str(target), data, mode, owner, prefix=".")
 
 
 def _drop_bytecode(target: Path) -> None:

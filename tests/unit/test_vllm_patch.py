@@ -673,3 +673,57 @@ def test_ddtree_falls_back_to_the_chain_on_recurrent_targets(patched_site):
     )
     fn(dense)
     assert (dense.num_speculative_tokens, dense.ddtree_depth, dense.ddtree_budget) == (64, 15, 64)
+
+
+# --- a hostile venv and change set (issue 23, items 1 and 5) ---------------------
+
+
+def test_symlinks_planted_at_the_record_names_are_never_written_through(venv, capsys, tmp_path):
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"root-only\n")
+    os.chmod(outside, 0o600)
+    for name in ("vllm-changeset.json", "vllm-changeset.json.tmp"):
+        (venv / name).symlink_to(outside)
+    applied = run_module({"venv": str(venv), "changeset_root": ROOT}, capsys)
+    assert applied["changed"] is True, applied
+    assert outside.read_bytes() == b"root-only\n"
+    assert (outside.stat().st_uid, outside.stat().st_mode & 0o7777) == (0, 0o600)
+    assert not (venv / "vllm-changeset.json").is_symlink()
+    assert json.loads((venv / "vllm-changeset.json").read_text())["patchset"] == "ddtree"
+
+
+def test_a_site_packages_write_never_follows_a_planted_temp(venv, tmp_path, monkeypatch):
+    """mkstemp's names were random already; the new file is still created O_EXCL|O_NOFOLLOW."""
+    flags_seen = []
+    real_open = os.open
+
+    def spy(path, flags, *a, **kw):
+        if flags & os.O_CREAT:
+            flags_seen.append(flags)
+        return real_open(path, flags, *a, **kw)
+
+    monkeypatch.setattr(os, "open", spy)
+    cs.execute(cs.plan(changeset(), str(site_of(venv)), cs.PRESENT))
+    monkeypatch.undo()
+    assert len(flags_seen) == 11
+    assert all(f & os.O_EXCL and f & os.O_NOFOLLOW for f in flags_seen)
+
+
+def test_deeply_nested_or_huge_manifests_are_refused_naming_the_file(tmp_path):
+    root = tmp_path / "files"
+    (root / "vllm-0.20.1").mkdir(parents=True)
+    path = root / "vllm-0.20.1" / "manifest.json"
+    path.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(cs.ChangeSetError, match=rf"^{path} is nested 100000 levels deep \(at most 64\)"):
+        cs.load_changeset(str(root), "0.20.1", "ddtree")
+    path.write_bytes(b"{" + b" " * (5 * 1024 * 1024) + b"}")
+    with pytest.raises(cs.ChangeSetError, match=rf"^{path} is larger than 4194304 bytes"):
+        cs.load_changeset(str(root), "0.20.1", "ddtree")
+
+
+def test_a_fifo_where_a_vllm_file_should_be_is_refused(venv):
+    target = site_of(venv) / "vllm/config/vllm.py"
+    target.unlink()
+    os.mkfifo(target)
+    with pytest.raises(cs.ChangeSetError, match=r"vllm\.py is not a regular file \(a FIFO\).*reinstall vLLM"):
+        cs.plan(changeset(), str(site_of(venv)), cs.PRESENT)
