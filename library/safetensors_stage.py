@@ -17,6 +17,7 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.model_stage import (
     INDEX_NAME,
+    MAX_RECORD_BYTES,
     SIDECAR_NAME,
     TEMP_PREFIX,
     TEMP_SUFFIX,
@@ -248,10 +249,6 @@ def _existing_ancestor(path: str) -> str:
             break
         p = parent
     return p
-
-
-# The sidecar and a shard index hold a line per file or tensor: far below this.
-MAX_RECORD_BYTES = 64 * 1024 * 1024
 
 
 def _scan_dest(dest: str) -> tuple[dict[str, DestFile], dict[str, int], str | None]:

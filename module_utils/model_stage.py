@@ -43,6 +43,8 @@ TEMP_PREFIX = ".model_stage-"
 TEMP_SUFFIX = ".part"
 SWAP_PREFIX = ".model_stage-swap-"
 SIDECAR_VERSION = 1
+# The sidecar and a shard index hold a line per file or tensor: far below this.
+MAX_RECORD_BYTES = 64 * 1024 * 1024
 _CHUNK = 8 * 1024 * 1024
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 

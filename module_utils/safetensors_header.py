@@ -27,6 +27,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ansible.module_utils.safe_io import UnsafeFileError, read_regular
+
 # Refuse headers larger than this; the reference implementation uses 100 MB too.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 INDEX_NAME = "model.safetensors.index.json"
@@ -343,7 +345,8 @@ def _read_file_header(path: str, checksum: str, directory_ok: bool) -> FileHeade
     say why); without, it is refused as a file that cannot be read.
     """
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # O_NONBLOCK: a FIFO planted as a weights file must not hang the open (refused below).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         if directory_ok and os.path.isdir(path):
             return None  # a directory this user may not open; listing it says why
@@ -356,6 +359,8 @@ def _read_file_header(path: str, checksum: str, directory_ok: bool) -> FileHeade
         if stat.S_ISDIR(st.st_mode):
             return None
         _check_checksum(checksum)  # (inspect_path checks it here: a directory gets listed first)
+        if not stat.S_ISREG(st.st_mode):
+            raise SafetensorsError(f"{path}: not a regular file (a FIFO, socket or device); point at the weights file")
         size = st.st_size
         # One read usually brings the length prefix and the whole header.
         head = os.pread(fd, _FIRST_READ, 0)
@@ -404,12 +409,11 @@ def _sha256(fd: int) -> str:
 
 def _read_index(index_path: str) -> tuple[dict[str, str], dict[str, Any]]:
     try:
-        with open(index_path, "rb") as fh:
-            raw = fh.read(MAX_HEADER_BYTES + 1)
+        raw = read_regular(index_path, MAX_HEADER_BYTES, follow=True)
+    except UnsafeFileError as exc:
+        raise SafetensorsError(f"{exc}; not a shard index") from None
     except OSError as exc:
         raise SafetensorsError(f"{index_path}: cannot read: {exc.strerror or exc}") from None
-    if len(raw) > MAX_HEADER_BYTES:
-        raise SafetensorsError(f"{index_path}: larger than {MAX_HEADER_BYTES} bytes; not a shard index")
     obj = _load_json(raw, index_path)
     if not isinstance(obj, dict) or not isinstance(obj.get("weight_map"), dict):
         raise SafetensorsError(f"{index_path}: must be a JSON object with a 'weight_map' object")

@@ -398,3 +398,14 @@ def test_header_around_the_first_read(tmp_path, extra):
     path = write_raw(tmp_path / "p.safetensors", header, 8)
     fh = read_file_header(str(path))
     assert (fh.header_len, fh.tensors["w"].shape) == (len(header), (2,))
+
+
+def test_a_fifo_as_a_weights_file_or_index_is_refused_without_hanging(tmp_path):
+    """A FIFO planted in the drafter directory hung the inspection (issue 23, LOW)."""
+    import os
+
+    from ansible.module_utils.safetensors_header import SafetensorsError, read_file_header
+
+    os.mkfifo(tmp_path / "model.safetensors")
+    with pytest.raises(SafetensorsError, match=r"model\.safetensors: not a regular file \(a FIFO"):
+        read_file_header(str(tmp_path / "model.safetensors"))
