@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,45 @@ def load_specs(roles_dir: str) -> dict[str, dict[str, Any]]:
     return specs
 
 
+# Names whose values are never echoed, whatever their spec says (no_log in the spec also hides one).
+_SECRET_NAME = re.compile(r"key|password|passwd|token|secret|credential", re.IGNORECASE)
+# Echoed values are cut to this many characters: a message names the problem, not the whole value.
+MAX_SHOWN = 60
+
+
+def is_secret(name: str, spec: Mapping[str, Any]) -> bool:
+    return bool(spec.get("no_log")) or bool(_SECRET_NAME.search(name))
+
+
+def yaml_type(value: Any) -> str:
+    """The YAML type an operator wrote (str, int, bool, ...), not ansible-core's internal class name."""
+    for kind, name in ((bool, "bool"), (int, "int"), (float, "float"), (str, "str"), (Mapping, "dict")):
+        if isinstance(value, kind):
+            return name
+    if isinstance(value, list | tuple):
+        return "list"
+    if value is None:
+        return "null"
+    return type(value).__name__.removeprefix("_AnsibleTagged").lower() or "value"
+
+
+def shown(value: Any) -> str:
+    """``value`` as a message shows it: its repr, cut to MAX_SHOWN characters."""
+    try:
+        text = repr(value if type(value) in (str, int, float, bool) else _plain(value))
+    except ValueError:  # an integer past Python's int-to-str limit
+        return f"<{yaml_type(value)} too long to show>"
+    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
+
+
+def _plain(value: Any) -> Any:
+    """Scalars as their plain Python type, so a repr never shows an ansible-core class name."""
+    for kind in (bool, int, float, str):
+        if isinstance(value, kind):
+            return kind(value)
+    return value
+
+
 def _is_string_bool(value: Any) -> bool:
     return isinstance(value, str) and value.strip().lower() in ("yes", "no", "true", "false", "on", "off")
 
@@ -57,21 +97,29 @@ def type_problem(name: str, value: Any, spec: Mapping[str, Any]) -> str | None:
     want = spec.get("type", "str")
     if value is None:
         return None
+    secret = is_secret(name, spec)
+
+    def show(v: Any) -> str:
+        return "(a secret, not shown)" if secret else shown(v)
+
     if want == "bool" and _is_string_bool(value):
-        return f"{name} is the string {value!r}; write it without quotes ({value.strip().lower()}) so it is a boolean."
+        hint = "" if secret else f" ({value.strip().lower()})"
+        return f"{name} is the string {show(value)}; write it without quotes{hint} so it is a boolean."
     if want in ("int", "float") and isinstance(value, bool):
-        return f"{name} must be a number, not the boolean {value}."
+        return f"{name} must be a number, not the boolean {show(value)}."
     if want in ("int", "float") and isinstance(value, str):
-        return f"{name} is the string {value!r}; it must be a number: write it without quotes."
+        return f"{name} is the string {show(value)}; it must be a number: write it without quotes."
     if not isinstance(value, _TYPES.get(want, (object,))):
-        return f"{name} must be a {want}, but the inventory gives {type(value).__name__} {value!r}."
+        scalar = yaml_type(value) in ("int", "float", "bool")
+        quote = " (quote it so YAML reads a string)" if want in ("str", "path") and scalar else ""
+        return f"{name} must be a {want}, but the inventory gives {yaml_type(value)} {show(value)}{quote}."
     choices = spec.get("choices")
     if choices:
         # A list option's choices apply to each element.
         values = value if want == "list" else [value]
         bad = [v for v in values if v not in choices]
         if bad:
-            what = f"has {bad[0]!r}" if want == "list" else f"is {value!r}"
+            what = f"has {show(bad[0])}" if want == "list" else f"is {show(value)}"
             return f"{name} {what}; it must be one of: {', '.join(map(str, choices))}."
     return None
 
