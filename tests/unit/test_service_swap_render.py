@@ -218,3 +218,41 @@ def test_preflight_refuses_an_api_key_unfit_for_an_environment_file(dirs):
     assert res.returncode == 2
     assert "service_swap_api_key must be a string without whitespace, quotes or backslashes" in res.stdout
     assert "two words" not in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            '{"service_swap_served_model_name": "Qwen\\nExecStartPre=/bin/touch /tmp/pwned"}',
+            "service_swap_served_model_name holds a newline at position 4",
+        ),
+        (
+            '{"service_swap_extra_args": ["--x\\nExecStartPost=/bin/true"]}',
+            "service_swap_extra_args[0] holds a newline",
+        ),
+        (
+            '{"service_swap_extra_env": {"A": "1\\nExecStartPre=/bin/true"}}',
+            "service_swap_extra_env['A'] holds a newline",
+        ),
+    ],
+)
+def test_a_value_that_would_inject_unit_directives_is_refused_before_rendering(dirs, extra, message):
+    """Issue 23, item 7: a newline in one of these values used to inject real ExecStartPre= lines."""
+    dest = dirs["tmp"] / "vllm.service"
+    res = ansible(
+        dirs["tmp"],
+        "tests/gpu/render_unit.yml",
+        "-e",
+        "service_swap_vllm_executable=/opt/vllm/0.20.1/bin/vllm",
+        "-e",
+        f"service_swap_target_dir={dirs['dense']}",
+        "-e",
+        f"render_dest={dest}",
+        "-e",
+        extra,
+    )
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert message in res.stdout
+    assert "Nothing was written." in res.stdout
+    assert not dest.exists()
