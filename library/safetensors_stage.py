@@ -540,12 +540,15 @@ def _follow_one(path: str, size: int, stall: float) -> str | None:
         while done < size:
             if fh is None:
                 try:
-                    fh = open(path, "rb")  # noqa: SIM115  (kept open while the file grows)
+                    # Only the regular file rsync writes: never through a link, never a FIFO (it would hang).
+                    fh = os.fdopen(open_regular(path), "rb")  # kept open while the file grows
                 except FileNotFoundError:
                     if time.monotonic() - last > stall:
                         return None
                     time.sleep(0.05)
                     continue
+                except UnsafeFileError:
+                    return None  # the commit refuses it, naming what is wrong
             chunk = fh.read(min(8 * 1024 * 1024, size - done))
             if chunk:
                 h.update(chunk)

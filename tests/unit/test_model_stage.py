@@ -897,3 +897,11 @@ def test_remote_copy_refuses_a_source_rewritten_during_the_copy(src, tmp_path, c
     )
     assert not os.path.lexists(planned["transfers"][0]["temp"])
     assert not os.path.lexists(dest / "model.safetensors")
+
+
+def test_follow_never_reads_through_a_link_or_a_fifo_at_the_temp(tmp_path, outside):
+    link, fifo = tmp_path / "link.part", tmp_path / "fifo.part"
+    link.symlink_to(outside)
+    os.mkfifo(fifo)
+    assert safetensors_stage._follow_one(str(link), outside.stat().st_size, 1.0) is None
+    assert safetensors_stage._follow_one(str(fifo), 10, 1.0) is None
