@@ -30,6 +30,7 @@ LAYER_TYPES = (FULL, SLIDING)
 
 TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
+_TOKEN_ID = re.compile(r"[0-9]{1,12}")
 _LAYER_RE = re.compile(r"^layers\.([0-9]+)\.(.+)$")
 _TOP_LEVEL = ("fc.weight", "hidden_norm.weight", "norm.weight")
 _OPTIONAL_TOP = ("embed_tokens.weight", "lm_head.weight")
@@ -383,10 +384,20 @@ def find_mask_token_id(target_dir: str) -> tuple[int, str]:
         if not isinstance(model, dict) or "vocab" not in model:
             raise DFlashConfigError(f"target tokenizer {tj} has no model.vocab")
         ids += _ids_from_vocab(model["vocab"], tj)
-        for tok in obj.get("added_tokens") or []:
+        added_tokens = obj.get("added_tokens")
+        if added_tokens is None:
+            added_tokens = []
+        if not isinstance(added_tokens, list):
+            raise DFlashConfigError(
+                f"target tokenizer {tj}: added_tokens is {type(added_tokens).__name__}, not a list of tokens;"
+                " the file is not a tokenizer.json"
+            )
+        for tok in added_tokens:
             tid = tok.get("id") if isinstance(tok, dict) else None
             if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
-                raise DFlashConfigError(f"target tokenizer {tj}: added_tokens entry without a valid id: {tok!r}")
+                raise DFlashConfigError(
+                    f"target tokenizer {tj}: added_tokens entry without a valid id: {repr(tok)[:120]}"
+                )
             ids.append(tid)
         used.append("tokenizer.json")
         base_vocab = True
@@ -402,8 +413,9 @@ def find_mask_token_id(target_dir: str) -> tuple[int, str]:
         dec = obj.get("added_tokens_decoder") if isinstance(obj, dict) else None
         if isinstance(dec, dict):
             for key in dec:
-                if not str(key).isdigit():
-                    raise DFlashConfigError(f"{tc}: added_tokens_decoder key {key!r} is not a token id")
+                # ASCII digits only (str.isdigit accepts '²' and other scripts' digits), and an id's length.
+                if not _TOKEN_ID.fullmatch(str(key)):
+                    raise DFlashConfigError(f"{tc}: added_tokens_decoder key {str(key)[:40]!r} is not a token id")
                 ids.append(int(key))
             used.append("tokenizer_config.json")
             added = True

@@ -31,6 +31,9 @@ from ansible.module_utils.safe_io import UnsafeFileError, read_regular
 
 # Refuse headers larger than this; the reference implementation uses 100 MB too.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+# No file holds more than 2**64 bytes: a shape whose product passes that is refused at once (the
+# reference implementation's checked multiplication), before big-integer products cost seconds.
+_MAX_BITS = 8 << 64
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 _CHUNK = 8 * 1024 * 1024
@@ -239,6 +242,8 @@ def _parse_header(
                 if type(d) is not int or d < 0:
                     break
                 bits *= d
+                if bits > _MAX_BITS:
+                    break
             else:
                 if 0 <= begin <= end and bits == 8 * (end - begin):
                     info = new(TensorInfo, (dtype, tuple(shape), begin, end, path))
@@ -305,6 +310,11 @@ def _tensor_entry(name: str, entry: Any, where: str, path: str) -> TensorInfo:
         if type(d) is not int or d < 0:
             raise SafetensorsError(f"{where}: tensor {name!r} shape must be a list of non-negative integers")
         numel *= d
+        if numel * bits_per > _MAX_BITS:
+            raise SafetensorsError(
+                f"{where}: tensor {name!r} shape {_short(shape)} has more elements than any file can hold;"
+                " the header is corrupt"
+            )
     if type(offs) is not list or len(offs) != 2:
         raise SafetensorsError(f"{where}: tensor {name!r} data_offsets must be [begin, end], non-negative integers")
     begin, end = offs
@@ -320,6 +330,11 @@ def _tensor_entry(name: str, entry: Any, where: str, path: str) -> TensorInfo:
             f"{where}: tensor {name!r} is {dtype} {shape} = {bits // 8} bytes but data_offsets span {end - begin} bytes"
         )
     return TensorInfo(dtype, tuple(shape), begin, end, path)
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def read_file_header(path: str, checksum: str = "none") -> FileHeader:

@@ -508,3 +508,25 @@ def test_deeply_nested_or_oversized_target_files_are_named(tmp_path):
     os.mkfifo(tmp_path / "config.json")
     with refuses("config.json is not a regular file (a FIFO)"):
         read_target(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("tokenizer.json", {"model": {"vocab": {"a": 0}}, "added_tokens": 5}, "added_tokens is int, not a list"),
+        ("tokenizer.json", {"model": {"vocab": {"a": 0}}, "added_tokens": True}, "added_tokens is bool, not a list"),
+        ("tokenizer_config.json", {"added_tokens_decoder": {"\u0661\u0662": {}}}, "is not a token id"),
+        ("tokenizer_config.json", {"added_tokens_decoder": {"\u00b2": {}}}, "is not a token id"),
+        ("tokenizer_config.json", {"added_tokens_decoder": {"9" * 4301: {}}}, "is not a token id"),
+    ],
+)
+def test_malformed_tokenizer_files_are_refused_not_raised(tmp_path, name, content, message):
+    import json as _json
+
+    from ansible.module_utils.dflash_drafter import find_mask_token_id
+
+    (tmp_path / "tokenizer.json").write_text(_json.dumps({"model": {"vocab": {"a": 0}}}))
+    (tmp_path / "vocab.json").write_text(_json.dumps({"a": 0}))
+    (tmp_path / name).write_text(_json.dumps(content))
+    with refuses(message):
+        find_mask_token_id(str(tmp_path))

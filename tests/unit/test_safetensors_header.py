@@ -260,7 +260,13 @@ HOSTILE = [
         None,
         "whole bytes",
     ),
-    ("huge shape", json.dumps({"w": _entry(shape=(2**62, 2**62))}).encode(), 8, None, "data_offsets span 8"),
+    (
+        "huge shape",
+        json.dumps({"w": _entry(shape=(2**62, 2**62))}).encode(),
+        8,
+        None,
+        "has more elements than any file can hold",
+    ),
 ]
 
 
@@ -409,3 +415,22 @@ def test_a_fifo_as_a_weights_file_or_index_is_refused_without_hanging(tmp_path):
     os.mkfifo(tmp_path / "model.safetensors")
     with pytest.raises(SafetensorsError, match=r"model\.safetensors: not a regular file \(a FIFO"):
         read_file_header(str(tmp_path / "model.safetensors"))
+
+
+def test_a_shape_product_past_any_file_size_is_refused_quickly_and_its_message_is_short():
+    """Thousands of digits crashed the message (int-to-str limit); a 900 KB header cost 17 s (issue 23, LOW)."""
+    import json as _json
+    import time as _time
+
+    from ansible.module_utils.safetensors_header import SafetensorsError, parse_header_bytes
+
+    shape = [10**4000] * 200
+    header = _json.dumps({"t": {"dtype": "F32", "shape": shape, "data_offsets": [0, 4]}}).encode()
+    assert len(header) > 800_000
+    started = _time.monotonic()
+    with pytest.raises(SafetensorsError, match=r"tensor 't' shape \[1000.*\.\.\. has more elements than any file"):
+        parse_header_bytes(header, 4, "x.safetensors")
+    assert _time.monotonic() - started < 2
+    wide = _json.dumps({"t": {"dtype": "F32", "shape": [2**40, 2**40], "data_offsets": [0, 4]}}).encode()
+    with pytest.raises(SafetensorsError, match="has more elements than any file can hold"):
+        parse_header_bytes(wide, 4, "x.safetensors")
