@@ -166,6 +166,10 @@ def _backup(path: str, data: bytes, mode: int) -> str:
 def run(module: AnsibleModule) -> None:
     p = module.params
     dest = p["dest"]
+    for name in ("drafter", "target", "dest"):
+        if not p[name] or "\x00" in p[name]:
+            what = "is empty" if not p[name] else "holds a NUL character, which no path can hold"
+            module.fail_json(msg=f"{name} {what}; give the path of the {name}")
     if os.path.isdir(dest):
         module.fail_json(msg=f"dest {dest} is a directory; give the path of the config.json file to write")
     parent = os.path.dirname(dest) or "."

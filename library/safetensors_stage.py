@@ -856,9 +856,25 @@ def _atomic_write(path: str, text: str, uid: int, gid: int, mode: int) -> None:
     atomic_write(path, text, mode, (uid, gid), prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX)
 
 
+def validate(params: dict[str, Any]) -> None:
+    """Refuse, before anything is touched, settings no staging can work with."""
+    for name in ("src", "dest"):
+        value = params[name]
+        if not value or not str(value).strip():
+            raise StageError(f"{name} is empty; give the path of the {'weights' if name == 'src' else 'directory'}")
+        if "\x00" in str(value):
+            raise StageError(f"{name} holds a NUL character, which no path can hold; check model_stage_{name}")
+    if params["space_margin"] < 0:
+        raise StageError(
+            f"space_margin is {params['space_margin']}; it must be 0 or more bytes (a negative margin would turn the"
+            " free-space check off)"
+        )
+
+
 def run(module: AnsibleModule) -> None:
     step = module.params["step"] or "plan"
     try:
+        validate(module.params)
         with _locked(module.params["dest"]):
             if step == "plan":
                 result = plan(module)

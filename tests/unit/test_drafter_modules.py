@@ -254,3 +254,12 @@ def test_the_write_and_its_backup_go_through_fresh_files_only(lab, capsys, monke
     assert all(excl and nofollow for _, excl, nofollow in seen)
     assert Path(out["backup_file"]).read_text() == '{"hand": "written"}\n'
     assert listing(drafter) == ["config.json", os.path.basename(out["backup_file"]), "model.safetensors"]
+
+
+@pytest.mark.parametrize(("name", "value", "what"), [("dest", "", "is empty"), ("target", "/a\x00b", "holds a NUL")])
+def test_empty_or_nul_paths_are_refused(lab, capsys, name, value, what):
+    drafter, target = lab
+    out = run(dflash_config, {**args(drafter, target), name: value}, capsys)
+    assert out["failed"] is True
+    assert out["msg"].startswith(f"{name} {what}")
+    assert listing(drafter) == ["model.safetensors"]

@@ -905,3 +905,21 @@ def test_follow_never_reads_through_a_link_or_a_fifo_at_the_temp(tmp_path, outsi
     os.mkfifo(fifo)
     assert safetensors_stage._follow_one(str(link), outside.stat().st_size, 1.0) is None
     assert safetensors_stage._follow_one(str(fifo), 10, 1.0) is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"dest": ""}, "dest is empty; give the path of the directory"),
+        ({"src": "/a\x00b"}, "src holds a NUL character, which no path can hold; check model_stage_src"),
+        (
+            {"space_margin": -1},
+            "space_margin is -1; it must be 0 or more bytes (a negative margin would turn the free-space check off)",
+        ),
+    ],
+)
+def test_settings_no_staging_can_work_with_are_refused_up_front(src, tmp_path, capsys, extra, message):
+    out = call({**base(src, tmp_path / "dest"), "step": "plan", "files": [manifest(src)], **extra}, capsys)
+    assert out["failed"] is True
+    assert out["msg"] == message
+    assert not (tmp_path / "dest").exists()
