@@ -41,6 +41,12 @@ def load_specs(roles_dir: str) -> dict[str, dict[str, Any]]:
     # (rollout_* for site.yml's batches, rollback_* for playbooks/rollback.yml).
     playbook_specs = sorted((Path(roles_dir).parent / "playbooks" / "vars").glob("*_argument_specs.yml"))
     files.extend((p, p.name.removesuffix("_argument_specs.yml")) for p in playbook_specs)
+    if not Path(roles_dir).is_dir() or not files:
+        # No specs means no checks at all: fail closed, not open.
+        raise ValueError(
+            f"no roles/*/meta/argument_specs.yml under {roles_dir}: the inventory cannot be checked; run from the"
+            " repository (its roles directory) or fix the path given to inventory_problems"
+        )
     for path, owner in files:
         data = yaml.safe_load(path.read_text()) or {}
         for entry in (data.get("argument_specs") or {}).values():
@@ -51,6 +57,8 @@ def load_specs(roles_dir: str) -> dict[str, dict[str, Any]]:
 
 # Names whose values are never echoed, whatever their spec says (no_log in the spec also hides one).
 _SECRET_NAME = re.compile(r"key|password|passwd|token|secret|credential", re.IGNORECASE)
+# Unknown variables that get a "did you mean" (each suggestion compares with every known name).
+MAX_SUGGESTIONS = 50
 # Echoed values are cut to this many characters: a message names the problem, not the whole value.
 MAX_SHOWN = 60
 
@@ -198,6 +206,7 @@ def inventory_problems(
     prefixes = tuple(sorted({f"{spec['role']}_" for spec in specs.values()}))
     removed = REMOVED if removed is None else removed
     problems: list[str] = []
+    unknown = 0
     if not hostvars.get("ansible_host") and host not in ("localhost", "127.0.0.1"):
         problems.append("no ansible_host: give the node's address in the inventory.")
     for name in sorted(hostvars):
@@ -207,7 +216,9 @@ def inventory_problems(
         if not name.startswith(prefixes) or name.startswith("_"):
             continue
         if name not in specs:
-            close = difflib.get_close_matches(name, list(specs), n=1)
+            unknown += 1
+            # Suggestions cost a comparison with every known name: only for the first few.
+            close = difflib.get_close_matches(name, list(specs), n=1) if unknown <= MAX_SUGGESTIONS else []
             hint = f" Did you mean {close[0]}?" if close else ""
             problems.append(f"{name} is not a variable of any role.{hint}")
             continue

@@ -250,3 +250,20 @@ def test_the_repository_spec_marks_the_api_key_no_log() -> None:
         "gpu1: service_swap_api_key must be a str, but the inventory gives int (a secret, not shown)"
         " (quote it so YAML reads a string)."
     ]
+
+
+def test_a_missing_roles_directory_fails_closed(tmp_path: Path) -> None:
+    with pytest.raises(
+        ValueError, match=r"no roles/\*/meta/argument_specs.yml under .*: the inventory cannot be checked"
+    ):
+        inventory_problems({"ansible_host": "h"}, "gpu1", str(tmp_path / "nope"))
+
+
+def test_many_unknown_variables_stay_fast(roles: str) -> None:
+    import time
+
+    hv = {"ansible_host": "h", **{f"demo_role_typo{i}": 1 for i in range(20000)}}
+    started = time.monotonic()
+    problems = inventory_problems(hv, "gpu1", roles)
+    assert time.monotonic() - started < 5
+    assert len(problems) == 20000
