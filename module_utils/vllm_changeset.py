@@ -362,7 +362,10 @@ def parse_changeset(
         )
     files: list[FileChange] = []
     seen: set[str] = set()
-    for entry in manifest.get("files", []):
+    entries = manifest.get("files", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ChangeSetError(f"{where}: 'files' must be a list of objects (path, kind, ...).")
+    for entry in entries:
         path = _safe_relpath(str(entry.get("path", "")), "target")
         if path in seen:
             raise ChangeSetError(f"{where} names {path} twice.")
@@ -381,7 +384,12 @@ def parse_changeset(
         elif kind == "patch":
             rel = _safe_relpath(str(entry.get("diff", "")), "diff")
             text = read(rel)
-            hunks = parse_unified_diff(text.decode("utf-8")) if text is not None else None
+            try:
+                hunks = parse_unified_diff(text.decode("utf-8")) if text is not None else None
+            except UnicodeDecodeError as exc:
+                raise ChangeSetError(
+                    f"The change set is corrupt: {describe(rel)} is not UTF-8 text ({exc.reason})."
+                ) from None
             files.append(
                 FileChange(
                     path,

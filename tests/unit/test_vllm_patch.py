@@ -727,3 +727,32 @@ def test_a_fifo_where_a_vllm_file_should_be_is_refused(venv):
     os.mkfifo(target)
     with pytest.raises(cs.ChangeSetError, match=r"vllm\.py is not a regular file \(a FIFO\).*reinstall vLLM"):
         cs.plan(changeset(), str(site_of(venv)), cs.PRESENT)
+
+
+@pytest.mark.parametrize("files", [5, {"a": 1}, ["x"], [5]])
+def test_malformed_manifest_shapes_are_refused_not_raised(tmp_path, files):
+    root = tmp_path / "files"
+    (root / "vllm-0.20.1").mkdir(parents=True)
+    manifest = {"format": 1, "patchset": "ddtree", "vllm_version": "0.20.1", "files": files}
+    (root / "vllm-0.20.1" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(cs.ChangeSetError, match=r"'files' must be a list of objects"):
+        cs.load_changeset(str(root), "0.20.1", "ddtree")
+
+
+def test_a_non_utf8_manifest_or_diff_is_refused(tmp_path):
+    root = tmp_path / "files"
+    (root / "vllm-0.20.1").mkdir(parents=True)
+    path = root / "vllm-0.20.1" / "manifest.json"
+    path.write_bytes(b'{"format": 1, "x": "\xff"}')
+    with pytest.raises(cs.ChangeSetError, match="is not UTF-8 text"):
+        cs.load_changeset(str(root), "0.20.1", "ddtree")
+    (root / "d.diff").write_bytes(b"\xff\xfe")
+    manifest = {
+        "format": 1,
+        "patchset": "ddtree",
+        "vllm_version": "0.20.1",
+        "files": [{"path": "vllm/x.py", "kind": "patch", "diff": "d.diff"}],
+    }
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(cs.ChangeSetError, match=r"d\.diff is not UTF-8 text"):
+        cs.load_changeset(str(root), "0.20.1", "ddtree")
