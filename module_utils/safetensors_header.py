@@ -208,6 +208,16 @@ def _parse_header(
             _load_json(header, where)
     if type(obj) is not dict:
         raise SafetensorsError(f"{where} is JSON but not an object (got {type(obj).__name__})")
+    if b"\\u" in header:
+        # Only a \u escape can make a lone UTF-16 surrogate, which is no text: the node would pass
+        # such a name and the controller refuse the module's result.
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise SafetensorsError(
+                f"{where}: a tensor name or metadata string holds a lone UTF-16 surrogate (a \\ud800-\\udfff"
+                " escape), which is not text; the file is not a valid safetensors file"
+            ) from None
     metadata: dict[str, str] = {}
     tensors: dict[str, TensorInfo] = {}
     bits_of = DTYPE_BITS

@@ -434,3 +434,14 @@ def test_a_shape_product_past_any_file_size_is_refused_quickly_and_its_message_i
     wide = _json.dumps({"t": {"dtype": "F32", "shape": [2**40, 2**40], "data_offsets": [0, 4]}}).encode()
     with pytest.raises(SafetensorsError, match="has more elements than any file can hold"):
         parse_header_bytes(wide, 4, "x.safetensors")
+
+
+def test_a_lone_surrogate_in_a_tensor_name_is_refused_on_the_node():
+    """It passed the node and the controller refused the result (issue 23, LOW)."""
+    from ansible.module_utils.safetensors_header import SafetensorsError, parse_header_bytes
+
+    header = b'{"t\\ud800": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}'
+    with pytest.raises(SafetensorsError, match="holds a lone UTF-16 surrogate"):
+        parse_header_bytes(header, 4, "x.safetensors")
+    fine = b'{"t\\u00e9": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}'
+    assert list(parse_header_bytes(fine, 4, "x.safetensors")[0]) == ["t\u00e9"]
