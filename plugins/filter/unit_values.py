@@ -94,6 +94,20 @@ def unit_value_problems(
     return problems
 
 
+_LOOPBACK = re.compile(r"^(127(\.\d{1,3}){3}|::1|\[::1\]|localhost)$")
+
+
+def open_api_problem(host: str, api_key: str, allowed: bool) -> str | None:
+    """A sentence when vLLM would serve without a key on an address other machines reach."""
+    if api_key or allowed or _LOOPBACK.match(str(host).strip()):
+        return None
+    return (
+        f"service_swap_vllm_host is {host!r} but service_swap_api_key is empty: vLLM would serve an open API to"
+        " the network. Set service_swap_api_key (e.g. from 'openssl rand -hex 32', in a vault), listen on"
+        " 127.0.0.1, or set service_swap_allow_open_api: true where the network itself is the access control."
+    )
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"unit_value_problems": unit_value_problems}
+        return {"unit_value_problems": unit_value_problems, "open_api_problem": open_api_problem}

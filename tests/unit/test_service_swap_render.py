@@ -256,3 +256,22 @@ def test_a_value_that_would_inject_unit_directives_is_refused_before_rendering(d
     assert message in res.stdout
     assert "Nothing was written." in res.stdout
     assert not dest.exists()
+
+
+def _open_api(dirs: dict[str, Path], *extra: str) -> subprocess.CompletedProcess:
+    play = dirs["tmp"] / "open_api.yml"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: open_api.yml}\n"
+    )
+    return ansible(dirs["tmp"], str(play), *extra)
+
+
+def test_an_empty_key_on_a_network_address_is_refused_unless_allowed(dirs):
+    """Issue 23, LOW: the default empty key on 0.0.0.0 served an open API."""
+    res = _open_api(dirs)
+    assert res.returncode == 2
+    assert "service_swap_vllm_host is '0.0.0.0' but service_swap_api_key is empty" in res.stdout
+    assert _open_api(dirs, "-e", '{"service_swap_allow_open_api": true}').returncode == 0
+    assert _open_api(dirs, "-e", "service_swap_vllm_host=127.0.0.1").returncode == 0
+    assert _open_api(dirs, "-e", "service_swap_api_key=sk-abc").returncode == 0

@@ -88,3 +88,26 @@ def test_control_position():
     assert control_position("abc") is None
     assert control_position("a\tb") == 1
     assert control_position("\x7f") == 0
+
+
+@pytest.mark.parametrize(
+    ("host", "key", "allowed", "refused"),
+    [
+        ("0.0.0.0", "", False, True),
+        ("10.0.0.5", "", False, True),
+        ("::", "", False, True),
+        ("0.0.0.0", "", True, False),
+        ("0.0.0.0", "k", False, False),
+        ("127.0.0.1", "", False, False),
+        ("127.1.2.3", "", False, False),
+        ("::1", "", False, False),
+        ("localhost", "", False, False),
+    ],
+)
+def test_an_open_api_on_the_network_is_refused_unless_allowed(host, key, allowed, refused):
+    from unit_values import open_api_problem
+
+    problem = open_api_problem(host, key, allowed)
+    assert (problem is not None) == refused
+    if refused:
+        assert problem.startswith(f"service_swap_vllm_host is {host!r} but service_swap_api_key is empty")
