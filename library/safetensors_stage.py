@@ -884,7 +884,7 @@ def run(module: AnsibleModule) -> None:
                 result = copy_local(module)
             else:
                 result = commit(module)
-    except StageError as exc:
+    except (StageError, UnsafeFileError) as exc:
         module.fail_json(msg=str(exc))
     except OSError as exc:
         module.fail_json(msg=f"{module.params['dest']}: {exc.strerror or exc} ({getattr(exc, 'filename', '')})")

@@ -619,7 +619,7 @@ def execute(plan_: Plan, *, write: Callable[[Path, bytes, int], None] = _atomic_
             raise ChangeSetError(
                 f"Writing failed ({exc}) and restoring failed too for: {'; '.join(failures)}. Reinstall vLLM."
             ) from exc
-        if isinstance(exc, OSError):
+        if isinstance(exc, OSError | UnsafeFileError):
             raise ChangeSetError(f"Writing failed, every file was put back as it was: {exc}") from exc
         raise
     return changed

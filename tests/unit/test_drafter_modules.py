@@ -263,3 +263,19 @@ def test_empty_or_nul_paths_are_refused(lab, capsys, name, value, what):
     assert out["failed"] is True
     assert out["msg"].startswith(f"{name} {what}")
     assert listing(drafter) == ["model.safetensors"]
+
+
+def test_a_full_disk_is_a_message_and_the_old_config_survives(lab, capsys, monkeypatch):
+    import errno
+
+    drafter, target = lab
+    (drafter / "config.json").write_text("old\n")
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(dflash_config, "atomic_write", full)
+    out = run(dflash_config, args(drafter, target), capsys)
+    assert out["failed"] is True
+    assert out["msg"] == f"cannot write {drafter / 'config.json'}: No space left on device; it was left as it was"
+    assert (drafter / "config.json").read_text() == "old\n"

@@ -756,3 +756,36 @@ def test_a_non_utf8_manifest_or_diff_is_refused(tmp_path):
     path.write_text(json.dumps(manifest))
     with pytest.raises(cs.ChangeSetError, match=r"d\.diff is not UTF-8 text"):
         cs.load_changeset(str(root), "0.20.1", "ddtree")
+
+
+def test_a_failed_record_write_is_a_message_not_a_traceback(venv, capsys, monkeypatch):
+    import errno
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(vllm_patch, "atomic_write", full)
+    out = run_module({"venv": str(venv), "changeset_root": ROOT}, capsys)
+    assert out["failed"] is True
+    assert out["msg"] == (
+        f"vLLM was patched but its record {venv / 'vllm-changeset.json'} could not be written (No space left on"
+        " device); free space or fix the venv's permissions and run again"
+    )
+
+
+def test_a_record_lost_after_patching_is_written_by_the_next_run(venv, capsys):
+    """Issue 23, LOW: a failed record write after patching was never rewritten."""
+    args = {"venv": str(venv), "changeset_root": ROOT}
+    first = run_module(args, capsys)
+    record_path = venv / "vllm-changeset.json"
+    good = record_path.read_text()
+    record_path.unlink()
+    checked = run_module(args, capsys, check=True)
+    assert checked["changed"] is True
+    assert checked["changed_files"] == []
+    assert not record_path.exists()
+    again = run_module(args, capsys)
+    assert again["changed"] is True
+    assert record_path.read_text() == good
+    assert run_module(args, capsys)["changed"] is False
+    assert first["changed"] is True
