@@ -598,11 +598,13 @@ def execute(plan_: Plan, *, write: Callable[[Path, bytes, int], None] = _atomic_
                 continue
             target = site / action.path
             mode = target.stat().st_mode & 0o7777 if action.before is not None else 0o644
-            done.append((target, action.before, mode))
+            # Recorded once changed: a write that failed left its file as it was (all or nothing),
+            # so restoring it is not needed and must not be reported as failing.
             if action.after is None:
                 target.unlink()
             else:
                 write(target, action.after, mode)
+            done.append((target, action.before, mode))
             _drop_bytecode(target)
             changed.append(action.path)
     except BaseException as exc:

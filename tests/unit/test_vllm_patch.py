@@ -789,3 +789,23 @@ def test_a_record_lost_after_patching_is_written_by_the_next_run(venv, capsys):
     assert record_path.read_text() == good
     assert run_module(args, capsys)["changed"] is False
     assert first["changed"] is True
+
+
+def test_a_write_that_failed_is_not_restored_so_a_good_rollback_says_so(venv, monkeypatch):
+    """Issue 23, LOW: 'restoring failed' was reported for the file whose write had failed, untouched."""
+    site = site_of(venv)
+    before = snapshot(site)
+    the_plan = cs.plan(changeset(), str(site), cs.PRESENT)
+    real = cs._atomic_write
+    failing = site / the_plan.actions[1].path
+
+    def readonly_there(target, data, mode):
+        if target == failing:
+            raise OSError(30, "Read-only file system")
+        real(target, data, mode)
+
+    monkeypatch.setattr(cs, "_atomic_write", readonly_there)
+    with pytest.raises(cs.ChangeSetError, match="every file was put back as it was"):
+        cs.execute(the_plan, write=readonly_there)
+    after = snapshot(site)
+    assert {k: v[0] for k, v in after.items()} == {k: v[0] for k, v in before.items()}
