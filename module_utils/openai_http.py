@@ -12,9 +12,12 @@ Standard library only (runs on managed nodes).
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import json
+import socket
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -39,20 +42,98 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         )
 
 
-def build_opener() -> urllib.request.OpenerDirector:
-    """One opener for a run: no proxy, one TLS context, redirects refused."""
-    return urllib.request.build_opener(
-        urllib.request.ProxyHandler({}),
-        urllib.request.HTTPSHandler(context=ssl.create_default_context()),
-        _NoRedirect(),
-    )
+class _Watch:
+    """The sockets of one request, shut down when its deadline passes: a server trickling its status
+    line or headers (read before any body) cannot outlast the deadline either."""
+
+    def __init__(self) -> None:
+        self.sockets: list[socket.socket] = []
+        self.expired = False
+        self._lock = threading.Lock()
+
+    def add(self, sock: socket.socket) -> None:
+        with self._lock:
+            self.sockets.append(sock)
+            if self.expired:
+                self._shut(sock)
+
+    def expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self.sockets:
+                self._shut(sock)
+
+    @staticmethod
+    def _shut(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Conn(http.client.HTTPConnection):
+    def __init__(self, *args: Any, watch: _Watch, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._watch = watch
+
+    def connect(self) -> None:
+        super().connect()
+        self._watch.add(self.sock)
+
+
+class _TLSConn(http.client.HTTPSConnection):
+    def __init__(self, *args: Any, watch: _Watch, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._watch = watch
+
+    def connect(self) -> None:
+        super().connect()
+        self._watch.add(self.sock)
+
+
+class _Handler(urllib.request.HTTPHandler):
+    def __init__(self, watch: _Watch) -> None:
+        super().__init__()
+        self._watch = watch
+
+    def http_open(self, req):  # type: ignore[no-untyped-def]
+        return self.do_open(functools.partial(_Conn, watch=self._watch), req)
+
+
+class _TLSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, context: ssl.SSLContext, watch: _Watch) -> None:
+        super().__init__(context=context)
+        self._tls = context
+        self._watch = watch
+
+    def https_open(self, req):  # type: ignore[no-untyped-def]
+        return self.do_open(functools.partial(_TLSConn, watch=self._watch), req, context=self._tls)
+
+
+class Transport:
+    """What a run's requests share: one TLS context (costly to build). No proxy, redirects refused."""
+
+    def __init__(self) -> None:
+        self.context = ssl.create_default_context()
+
+    def opener(self, watch: _Watch) -> urllib.request.OpenerDirector:
+        return urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), _Handler(watch), _TLSHandler(self.context, watch), _NoRedirect()
+        )
+
+
+def build_opener() -> Transport:
+    """The transport for a run's requests (see Transport)."""
+    return Transport()
 
 
 class Answer:
     """A response read in bounded pieces before a deadline (time.monotonic seconds)."""
 
-    def __init__(self, status: int, resp: Any, what: str, deadline: float, timeout: float) -> None:
+    def __init__(
+        self, status: int, resp: Any, what: str, deadline: float, timeout: float, watch: _Watch | None = None
+    ) -> None:
         self.status = status
+        self._watch = watch or _Watch()
+        self._timer: threading.Timer | None = None
         self._resp = resp
         self._read = getattr(resp, "read1", None) or resp.read
         self._what = what
@@ -60,13 +141,20 @@ class Answer:
         self._timeout = timeout
         self._buffer = b""
 
+    def _late(self) -> HttpError:
+        return HttpError(f"{self._what}: no complete answer within {self._timeout:g} s; the server is too slow")
+
     def _chunk(self) -> bytes:
-        if time.monotonic() > self._deadline:
-            raise HttpError(f"{self._what}: no complete answer within {self._timeout:g} s; the server is too slow")
+        if time.monotonic() > self._deadline or self._watch.expired:
+            raise self._late()
         try:
             chunk = self._read(_READ)
         except (http.client.HTTPException, OSError, ValueError) as exc:
+            if self._watch.expired:
+                raise self._late() from None
             raise HttpError(f"{self._what}: the answer was cut off ({type(exc).__name__}: {exc})") from None
+        if not chunk and self._watch.expired:
+            raise self._late()
         missing = getattr(self._resp, "length", None)
         if not chunk and isinstance(missing, int) and missing > 0:
             # read1 answers b"" at a short body's end where read() raises IncompleteRead.
@@ -106,13 +194,15 @@ class Answer:
         return line + b"\n"
 
     def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         # Closing a broken connection may fail; nothing to do then.
         with contextlib.suppress(Exception):
             self._resp.close()
 
 
 def send(
-    opener: urllib.request.OpenerDirector,
+    transport: Transport,
     method: str,
     url: str,
     headers: dict[str, str],
@@ -124,12 +214,23 @@ def send(
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers=headers, method=method)
     what = f"{method} {url}"
+    watch = _Watch()
+    timer = threading.Timer(timeout, watch.expire)
+    timer.daemon = True
+    timer.start()
     try:
-        resp = opener.open(request, timeout=timeout)
+        resp = transport.opener(watch).open(request, timeout=timeout)
     except urllib.error.HTTPError as exc:
-        return Answer(exc.code, exc, what, deadline, timeout)
+        answer = Answer(exc.code, exc, what, deadline, timeout, watch)
     except HttpError:
+        timer.cancel()
         raise
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        timer.cancel()
+        if watch.expired:
+            raise HttpError(f"{what}: no complete answer within {timeout:g} s; the server is too slow") from None
         raise HttpError(f"{what}: {getattr(exc, 'reason', None) or exc}") from None
-    return Answer(resp.status, resp, what, deadline, timeout)
+    else:
+        answer = Answer(resp.status, resp, what, deadline, timeout, watch)
+    answer._timer = timer
+    return answer

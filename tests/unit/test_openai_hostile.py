@@ -109,6 +109,14 @@ def trickle(w, n) -> None:
         time.sleep(0.1)
 
 
+def trickle_headers(w, n) -> None:
+    w.write(b"HTTP/1.1 200 OK\r\n")
+    for i in range(200):
+        w.write(b"X-Slow-%d: 1\r\n" % i)
+        w.flush()
+        time.sleep(0.1)
+
+
 def endless_line(w, n) -> None:
     w.write(head(extra="Content-Type: text/event-stream\r\n\r\n"))
     for _ in range(64):
@@ -206,3 +214,12 @@ def test_a_redirect_to_another_server_is_refused_and_the_key_never_sent_there(ho
     assert server.seen == [("/health", f"Bearer {KEY}")]
     assert elsewhere.seen == []
     assert KEY not in message
+
+
+def test_a_server_trickling_its_headers_hits_the_deadline_too(hostile, capsys):
+    server = hostile()
+    server.behaviour["/health"] = trickle_headers
+    started = time.monotonic()
+    result = probe({"url": server.url, "timeout": 1}, capsys)
+    assert time.monotonic() - started < 4
+    assert result["error"] == f"GET {server.url}/health: no complete answer within 1 s; the server is too slow"
