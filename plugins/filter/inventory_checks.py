@@ -17,6 +17,7 @@ from typing import Any
 
 import jinja2
 import yaml
+from ansible.errors import AnsibleUndefinedVariable
 
 # Variables that existed once and were removed or renamed: name -> what to do instead.
 REMOVED: dict[str, str] = {}
@@ -94,6 +95,25 @@ def _plain(value: Any) -> Any:
         if isinstance(value, kind):
             return kind(value)
     return value
+
+
+def template_failure(value: Any) -> str | None:
+    """Why a templated value failed to render (a syntax or runtime error), None for a plain undefined.
+
+    ansible-core 2.19+ hands a failed template over as an exception marker (an Undefined that
+    carries the error); an undefined name (a role default not loaded yet) is not a failure.
+    """
+    as_exception = getattr(value, "_as_exception", None)
+    if as_exception is None:
+        return None
+    try:
+        exc = as_exception()
+        if isinstance(exc, AnsibleUndefinedVariable):
+            return None  # a name not defined yet (a role default): the role checks it on entry
+        text = str(exc)
+    except Exception:  # whatever the marker holds, the variable is reported
+        return type(value).__name__
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _is_string_bool(value: Any) -> bool:
@@ -224,7 +244,12 @@ def inventory_problems(
             continue
         value = hostvars[name]
         if isinstance(value, jinja2.Undefined):
-            continue  # refers to a role default: the role's own argument spec checks it on entry
+            failure = template_failure(value)
+            if failure is not None:
+                shown = "" if is_secret(name, specs[name]) else f" ({failure[:200]})"
+                problems.append(f"{name} is a template that cannot be rendered{shown}; fix its Jinja syntax.")
+            # Otherwise it refers to a role default: the role's own argument spec checks it on entry.
+            continue
         problem = type_problem(name, value, specs[name])
         if problem:
             problems.append(problem)
