@@ -247,7 +247,9 @@ def inventory_problems(
             failure = template_failure(value)
             if failure is not None:
                 shown = "" if is_secret(name, specs[name]) else f" ({failure[:200]})"
-                problems.append(f"{name} is a template that cannot be rendered{shown}; fix its Jinja syntax.")
+                problems.append(
+                    f"{name} is a template that cannot be rendered{shown}; fix it (its Jinja, or the vault password)."
+                )
             # Otherwise it refers to a role default: the role's own argument spec checks it on entry.
             continue
         problem = type_problem(name, value, specs[name])

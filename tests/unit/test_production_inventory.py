@@ -59,6 +59,6 @@ def test_a_template_that_cannot_render_is_caught_but_an_undefined_name_is_left_t
     assert res.returncode != 0
     assert (
         "ct1: gpu_check_gpu_count is a template that cannot be rendered (Syntax error in template: unexpected '*');"
-        " fix its Jinja syntax."
+        " fix it (its Jinja, or the vault password)."
     ) in res.stdout
     assert "gpu_check_enforce" not in res.stdout.split("fatal:")[1].split("PLAY RECAP")[0]
