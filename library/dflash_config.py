@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import os
-import tempfile
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_drafter import DFlashConfigError, generate
+from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, read_regular
 from ansible.module_utils.safetensors_header import SafetensorsError, inspect_path
 
 DOCUMENTATION = r"""
@@ -143,19 +144,32 @@ def build_module() -> AnsibleModule:
     return AnsibleModule(argument_spec=dict(ARGUMENT_SPEC), supports_check_mode=True, add_file_common_args=True)
 
 
-def _read_existing(path: str) -> str | None:
+# A drafter's config.json is about 2 KiB.
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
+def _read_existing(path: str) -> bytes | None:
+    """The bytes of the config.json there now (None: absent); only a regular file, never through a link."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
+        return read_regular(path, MAX_CONFIG_BYTES, f"the existing {path}")
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError):
-        return ""
+
+
+def _backup(path: str, data: bytes, mode: int) -> str:
+    """A copy of the old bytes beside ``path``, named as Ansible names backups, written safely."""
+    backup = f"{path}.{os.getpid()}.{time.strftime('%Y-%m-%d@%H:%M:%S')}~"
+    atomic_write(backup, data, mode & 0o7777)
+    return backup
 
 
 def run(module: AnsibleModule) -> None:
     p = module.params
     dest = p["dest"]
+    for name in ("drafter", "target", "dest"):
+        if not p[name] or "\x00" in p[name]:
+            what = "is empty" if not p[name] else "holds a NUL character, which no path can hold"
+            module.fail_json(msg=f"{name} {what}; give the path of the {name}")
     if os.path.isdir(dest):
         module.fail_json(msg=f"dest {dest} is a directory; give the path of the config.json file to write")
     parent = os.path.dirname(dest) or "."
@@ -180,7 +194,11 @@ def run(module: AnsibleModule) -> None:
     for assumption in report["assumptions"]:
         module.warn(f"assumed {assumption}")
 
-    before = _read_existing(dest)
+    try:
+        raw = _read_existing(dest)
+    except UnsafeFileError as exc:
+        module.fail_json(msg=f"{exc}; nothing was read or written (dest must be a regular config.json)")
+    before = None if raw is None else raw.decode("utf-8", "replace")
     changed = before != text
     result = {"config": config, "inferred": report, "dest": dest}
     if module._diff:
@@ -191,17 +209,12 @@ def run(module: AnsibleModule) -> None:
             "after_header": dest,
         }
     if changed and not module.check_mode:
-        if p["backup"] and before is not None:
-            result["backup_file"] = module.backup_local(dest)
-        fd, tmp = tempfile.mkstemp(prefix=".config.json.", dir=parent)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.chmod(tmp, 0o644)
-            module.atomic_move(tmp, dest)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            if p["backup"] and raw is not None:
+                result["backup_file"] = _backup(dest, raw, os.lstat(dest).st_mode)
+            atomic_write(dest, text, 0o644, prefix=".config.json.")
+        except (OSError, UnsafeFileError) as exc:
+            module.fail_json(msg=f"cannot write {dest}: {getattr(exc, 'strerror', None) or exc}; it was left as it was")
     file_args = module.load_file_common_arguments(p, path=dest)
     if not (module.check_mode and not os.path.exists(dest)):
         changed = module.set_fs_attributes_if_different(file_args, changed)

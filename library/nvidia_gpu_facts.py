@@ -215,7 +215,8 @@ class ModuleRunner(Runner):
         self.module = module
 
     def run(self, argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
-        return self.module.run_command(argv, environ_update=env, check_rc=False)
+        # errors="replace": non-UTF-8 output must not reach the controller as lone surrogates.
+        return self.module.run_command(argv, environ_update=env, check_rc=False, errors="replace")
 
     def which(self, name: str) -> str | None:
         return self.module.get_bin_path(name)
@@ -226,6 +227,8 @@ class ModuleRunner(Runner):
 
 def main() -> None:
     module = build_module()
+    if module.params["timeout"] < 1:
+        module.fail_json(msg=f"timeout must be at least 1 second, got {module.params['timeout']} (0 would mean none).")
     thresholds = module.params["thresholds"] or {}
     util = thresholds.get("memory_utilization")
     if util is not None and not 0 < util <= 1:

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import ssl
 import threading
 import time
-import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.openai_bench import (
@@ -23,6 +21,7 @@ from ansible.module_utils.openai_bench import (
     validate_prompts,
     validate_sweep,
 )
+from ansible.module_utils.openai_http import Answer, HttpError, build_opener, send
 from ansible.module_utils.openai_probe import (
     MetricsParseError,
     SpecCounters,
@@ -78,7 +77,10 @@ options:
     type: int
     default: 1
   timeout:
-    description: Seconds allowed for each request.
+    description:
+      - Seconds allowed for each request, start to last byte (a server trickling bytes cannot stretch it).
+      - Answers are capped (32 MiB, 1 MiB per stream line) and redirects are refused, so the API key never
+        goes to another server; a cut stream fails its level.
     type: int
     default: 300
 attributes:
@@ -175,15 +177,12 @@ def build_module() -> AnsibleModule:
     )
 
 
-class HttpError(Exception):
-    pass
-
-
 class Client:
     """The HTTP side: plain requests and streamed completions, the key in a header only.
 
-    One urllib opener (no proxy, one TLS context) for the whole run: Ansible's open_url builds its
-    handlers and TLS context on every call, which costs more than a time to first token.
+    One urllib opener (no proxy, one TLS context, redirects refused) for the whole run: Ansible's
+    open_url builds its handlers and TLS context on every call, which costs more than a time to
+    first token. Each request must be answered completely within ``timeout`` seconds.
     """
 
     def __init__(self, base: str, api_key: str | None, timeout: int) -> None:
@@ -192,26 +191,24 @@ class Client:
         self.headers = {"Content-Type": "application/json"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
-        self.opener = urllib.request.build_opener(
-            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ssl.create_default_context())
-        )
+        self.opener = build_opener()
 
-    def open(self, method: str, path: str, body: dict | None = None):
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"{self.base}{path}", data=data, headers=self.headers, method=method)
-        try:
-            return self.opener.open(request, timeout=self.timeout)
-        except Exception as e:  # urllib raises HTTPError (has .code) or URLError/socket errors
-            code = getattr(e, "code", None)
-            if isinstance(code, int):
-                detail = ""
-                with contextlib.suppress(Exception):
-                    detail = e.read().decode("utf-8", "replace")[:200]  # type: ignore[attr-defined]
-                raise HttpError(f"{method} {self.base}{path} answered HTTP {code}: {detail}".rstrip(": ")) from None
-            raise HttpError(f"{method} {self.base}{path}: {e}") from None
+    def open(self, method: str, path: str, body: dict | None = None) -> Answer:
+        answer = send(self.opener, method, f"{self.base}{path}", self.headers, body, self.timeout)
+        if answer.status != 200:
+            detail = ""
+            with contextlib.suppress(HttpError):
+                detail = answer.text(4096)[:200]
+            answer.close()
+            raise HttpError(f"{method} {self.base}{path} answered HTTP {answer.status}: {detail}".rstrip(": "))
+        return answer
 
     def get(self, path: str) -> str:
-        return self.open("GET", path).read().decode("utf-8", "replace")
+        answer = self.open("GET", path)
+        try:
+            return answer.text()
+        finally:
+            answer.close()
 
     def counters(self, model: str) -> SpecCounters | None:
         """The spec-decode counters, or None when the server has no /metrics."""
@@ -227,15 +224,18 @@ class Client:
         sent = time.monotonic()
         resp = self.open("POST", "/v1/completions", body)
         events: list[tuple[float, dict]] = []
-        while True:
-            raw = resp.readline()
-            if not raw:
-                raise BenchError("the stream ended without data: [DONE]")
-            payload = parse_sse_line(raw.decode("utf-8", "replace"))
-            if payload == DONE:
-                return request_timing(events, time.monotonic() - sent)
-            if isinstance(payload, dict):
-                events.append((time.monotonic() - sent, payload))
+        try:
+            while True:
+                raw = resp.readline()
+                if not raw:
+                    raise BenchError("the stream ended without data: [DONE]")
+                payload = parse_sse_line(raw.decode("utf-8", "replace"))
+                if payload == DONE:
+                    return request_timing(events, time.monotonic() - sent)
+                if isinstance(payload, dict):
+                    events.append((time.monotonic() - sent, payload))
+        finally:
+            resp.close()
 
 
 def run_level(client: Client, prompts: list[str], concurrency: int, body: dict) -> tuple[list[RequestTiming], float]:
@@ -256,6 +256,10 @@ def run_level(client: Client, prompts: list[str], concurrency: int, body: dict) 
             except (HttpError, BenchError, OSError) as e:
                 with lock:
                     errors.append(f"request {index + 1} at concurrency {concurrency}: {e}")
+                return
+            except Exception as e:  # a worker must never die unrecorded: its level would look good
+                with lock:
+                    errors.append(f"request {index + 1} at concurrency {concurrency}: {type(e).__name__}: {e}")
                 return
             with lock:
                 timings[index] = timing
@@ -309,8 +313,9 @@ def run(module: AnsibleModule) -> dict:
         total = counters_delta(first, before) if first is not None and before is not None else None
     except (HttpError, BenchError, MetricsParseError) as e:
         module.fail_json(msg=f"benchmark of {base} failed: {e}", **result)
-    except (ValueError, KeyError, IndexError, TypeError) as e:
-        module.fail_json(msg=f"the server at {base} did not answer as the OpenAI API does: {e!r}", **result)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, OverflowError, RecursionError) as e:
+        detail = f"{type(e).__name__}: {str(e)[:200]}"
+        module.fail_json(msg=f"the server at {base} did not answer as the OpenAI API does: {detail}", **result)
     result.update(
         model=model,
         settings={

@@ -8,6 +8,7 @@ import json
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.openai_http import HttpError, build_opener, send
 from ansible.module_utils.openai_probe import (
     MetricsParseError,
     SpecCounters,
@@ -20,7 +21,6 @@ from ansible.module_utils.openai_probe import (
     tokens_per_second,
     unit_is_crashing,
 )
-from ansible.module_utils.urls import open_url
 
 DOCUMENTATION = r"""
 ---
@@ -52,7 +52,9 @@ options:
     type: int
     default: 64
   timeout:
-    description: Seconds allowed for each HTTP request.
+    description:
+      - Seconds allowed for each HTTP request, start to last byte (a server trickling bytes cannot stretch it).
+      - Answers are capped at 32 MiB and redirects are refused, so the API key never goes to another server.
     type: int
     default: 60
   unit:
@@ -161,6 +163,7 @@ draft_acceptance_rate:
 """
 
 SYSTEMCTL_PROPS = "ActiveState,SubState,NRestarts,Result,MainPID"
+_OPENER = build_opener()
 
 
 def build_module() -> AnsibleModule:
@@ -180,29 +183,25 @@ def build_module() -> AnsibleModule:
     )
 
 
-class HttpError(Exception):
-    pass
-
-
 def http(module: AnsibleModule, method: str, url: str, body: dict | None = None) -> tuple[int, str]:
+    """Status and body of one request, answered completely within ``timeout`` seconds, at most 32 MiB.
+
+    Redirects are refused (the API key would go along); a cut, stalled or oversized answer is an HttpError.
+    """
     p = module.params
     headers = {"Content-Type": "application/json"}
     if p["api_key"]:
         headers["Authorization"] = f"Bearer {p['api_key']}"
-    data = json.dumps(body).encode() if body is not None else None
+    answer = send(_OPENER, method, url, headers, body, p["timeout"])
     try:
-        resp = open_url(
-            url, method=method, data=data, headers=headers, timeout=p["timeout"], validate_certs=True, use_proxy=False
-        )
-        return resp.getcode(), resp.read().decode("utf-8", "replace")
-    except Exception as e:  # urllib raises HTTPError (has .code) or URLError/socket errors
-        code = getattr(e, "code", None)
-        if isinstance(code, int):
+        if answer.status != 200:
             detail = ""
-            with contextlib.suppress(Exception):
-                detail = e.read().decode("utf-8", "replace")[:300]  # type: ignore[attr-defined]
-            return code, detail
-        raise HttpError(f"{method} {url}: {e}") from None
+            with contextlib.suppress(HttpError):
+                detail = answer.text(4096)[:300]
+            return answer.status, detail
+        return answer.status, answer.text()
+    finally:
+        answer.close()
 
 
 def read_counters(module: AnsibleModule, base: str, model: str) -> SpecCounters:
@@ -264,8 +263,8 @@ def run(module: AnsibleModule) -> dict:
     except (HttpError, MetricsParseError) as e:
         result["error"] = str(e)
         return result
-    except (ValueError, KeyError, IndexError, TypeError) as e:
-        result["error"] = f"the server's answer is not what the OpenAI API returns: {e!r}"
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, OverflowError, RecursionError) as e:
+        result["error"] = f"the server's answer is not what the OpenAI API returns: {type(e).__name__}: {str(e)[:200]}"
         return result
     result.update(
         completions=sum(1 for t in texts if t.strip()),

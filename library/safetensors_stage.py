@@ -7,7 +7,6 @@ import contextlib
 import fcntl
 import grp
 import hashlib
-import json
 import os
 import pwd
 import stat
@@ -18,6 +17,7 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.model_stage import (
     INDEX_NAME,
+    MAX_RECORD_BYTES,
     SIDECAR_NAME,
     TEMP_PREFIX,
     TEMP_SUFFIX,
@@ -40,9 +40,9 @@ from ansible.module_utils.model_stage import (
     render_index,
     render_sidecar,
     replace_set,
-    sha256_file,
     source_layout,
 )
+from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, loads_json, open_regular, read_regular
 from ansible.module_utils.safetensors_header import SafetensorsError, read_file_header
 
 DOCUMENTATION = r"""
@@ -252,23 +252,38 @@ def _existing_ancestor(path: str) -> str:
 
 
 def _scan_dest(dest: str) -> tuple[dict[str, DestFile], dict[str, int], str | None]:
+    files, temps, sidecar, _ = _scan_dest_all(dest)
+    return files, temps, sidecar
+
+
+def _scan_dest_all(dest: str) -> tuple[dict[str, DestFile], dict[str, int], str | None, list[str]]:
+    """The regular files in dest, the temporary files, the sidecar's text and the odd entries.
+
+    Odd entries are anything but a regular file under the temporary prefix (a symlink, a FIFO, a
+    directory): something planted there; the plan removes them before a transfer writes that name.
+    """
     files: dict[str, DestFile] = {}
     temps: dict[str, int] = {}
+    odd: list[str] = []
     sidecar = None
     if not os.path.isdir(dest):
-        return files, temps, sidecar
+        return files, temps, sidecar, odd
     for entry in os.scandir(dest):
         if not entry.is_file(follow_symlinks=False):
+            if entry.name.startswith(TEMP_PREFIX):
+                odd.append(entry.name)
             continue
         st = entry.stat(follow_symlinks=False)
         if entry.name.startswith(TEMP_PREFIX) and entry.name.endswith(TEMP_SUFFIX):
             temps[entry.name] = st.st_size
         elif entry.name == SIDECAR_NAME:
-            with open(entry.path, encoding="utf-8", errors="replace") as fh:
-                sidecar = fh.read(1 << 20)
+            try:
+                sidecar = read_regular(entry.path, MAX_RECORD_BYTES).decode("utf-8", "replace")
+            except (FileNotFoundError, UnsafeFileError):
+                sidecar = None  # no usable record: every file is verified again
         else:
             files[entry.name] = DestFile(st.st_size, int(st.st_mtime), st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
-    return files, temps, sidecar
+    return files, temps, sidecar, sorted(odd)
 
 
 def _sources(params: dict[str, Any]) -> list[SourceFile]:
@@ -345,15 +360,15 @@ def plan(module: AnsibleModule) -> dict[str, Any]:
     sources = _sources(p)
     names = {s.name for s in sources}
     generated_index = len(sources) > 1 and INDEX_NAME not in names
-    files, temps, side_text = _scan_dest(dest)
+    files, temps, side_text, odd = _scan_dest_all(dest)
     the_plan = plan_stage(sources, files, parse_sidecar(side_text), temps, generated_index)
     if the_plan.write_index and not the_plan.index_stale:
         # Unchanged shards: the index is stale only if someone edited it; headers are cheap to read.
         try:
             shards = {f.source.name: _header(os.path.join(dest, f.source.name)) for f in the_plan.files}
-            with open(os.path.join(dest, INDEX_NAME), encoding="utf-8") as fh:
-                the_plan.index_stale = fh.read() != render_index(build_index(shards))
-        except (OSError, StageError):
+            text = read_regular(os.path.join(dest, INDEX_NAME), MAX_RECORD_BYTES).decode("utf-8", "replace")
+            the_plan.index_stale = text != render_index(build_index(shards))
+        except (OSError, StageError, UnsafeFileError):
             the_plan.index_stale = True
     where = _check_writable(dest)
     vfs = os.statvfs(where)
@@ -373,6 +388,7 @@ def plan(module: AnsibleModule) -> dict[str, Any]:
         actions.insert(0, f"create {dest}")
     left = leftovers(dest)
     actions += [f"remove {p} (left over from an interrupted replacement of the file set)" for p in left]
+    actions += [f"remove {n} (not a regular file, where only this module's temporary files go)" for n in odd]
     changed = bool(actions)
     if not module.check_mode and the_plan.replaces_set and os.path.isdir(os.path.dirname(os.path.realpath(dest))):
         # Refuse before anything is changed or transferred where the set cannot be swapped in one step.
@@ -389,6 +405,8 @@ def plan(module: AnsibleModule) -> dict[str, Any]:
             changed = True
         for t in the_plan.stale_temps:
             os.unlink(os.path.join(dest, t))
+        for name in odd:
+            _remove_odd(dest, name)
     before, after = listing_diff(files, the_plan)
     return {
         "changed": changed,
@@ -421,23 +439,85 @@ def plan(module: AnsibleModule) -> dict[str, Any]:
     }
 
 
+def _remove_odd(dest: str, name: str) -> None:
+    """Remove a non-regular entry under the temporary prefix without following it."""
+    path = os.path.join(dest, name)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise StageError(
+            f"{path} is a directory where only this module's temporary files go; remove it (it is not part of"
+            " the model) and run again"
+        )
+    os.unlink(path)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino
+
+
+def _create_temp(path: str) -> int:
+    """A new, empty temporary file at ``path`` (whatever was there, not followed, removed first)."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            raise StageError(f"{path} is a directory where a temporary file goes; remove it and run again")
+        os.unlink(path)
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        raise StageError(
+            f"{path} was created by someone else while this run was replacing it; check who writes into the"
+            " destination and run again"
+        ) from None
+
+
 def copy_local(module: AnsibleModule) -> dict[str, Any]:
-    """Copy node-local sources to their temporary names, hashing what is read (one pass)."""
+    """Copy node-local sources to their temporary names, hashing what is read (one pass).
+
+    The source must stay unchanged during the copy (size, mtime and inode checked before and
+    after); a changed source is refused and its temporary file removed.
+    """
     digests = {}
     for f in module.params["files"] or []:
         if f.get("kind") != "transfer":
             continue
         h = hashlib.sha256()
-        with open(f["origin"], "rb") as src, open(f["temp"], "wb") as out:
-            while True:
-                chunk = src.read(8 * 1024 * 1024)
-                if not chunk:
-                    break
-                h.update(chunk)
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        os.utime(f["temp"], (f["mtime"], f["mtime"]))
+        origin, temp = f["origin"], f["temp"]
+        try:
+            src_fd = os.open(origin, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            raise StageError(f"{origin}: cannot be read ({exc.strerror or exc}); check model_stage_src") from None
+        with os.fdopen(src_fd, "rb") as src:
+            before = os.fstat(src_fd)
+            if not stat.S_ISREG(before.st_mode):
+                raise StageError(f"{origin} is not a regular file; point model_stage_src at the weights themselves")
+            os.set_blocking(src_fd, True)
+            if (before.st_size, int(before.st_mtime)) != (int(f["size"]), int(f["mtime"])):
+                raise StageError(f"{origin} changed since the plan; run the play again once it is complete")
+            out_fd = _create_temp(temp)
+            try:
+                with os.fdopen(out_fd, "wb") as out:
+                    while True:
+                        chunk = src.read(8 * 1024 * 1024)
+                        if not chunk:
+                            break
+                        h.update(chunk)
+                        out.write(chunk)
+                    out.flush()
+                    os.fsync(out.fileno())
+                    os.utime(out.fileno(), (f["mtime"], f["mtime"]))
+                after = os.stat(origin)
+                if _identity(os.fstat(src_fd)) != _identity(before) or _identity(after) != _identity(before):
+                    raise StageError(
+                        f"{origin} changed while it was copied (size, modification time or inode differ before and"
+                        " after); nothing was committed: run the play again once the source is complete"
+                    )
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temp)
+                raise
         digests[f["name"]] = h.hexdigest()
     return {"changed": True, "digests": digests}
 
@@ -460,12 +540,15 @@ def _follow_one(path: str, size: int, stall: float) -> str | None:
         while done < size:
             if fh is None:
                 try:
-                    fh = open(path, "rb")  # noqa: SIM115  (kept open while the file grows)
+                    # Only the regular file rsync writes: never through a link, never a FIFO (it would hang).
+                    fh = os.fdopen(open_regular(path), "rb")  # kept open while the file grows
                 except FileNotFoundError:
                     if time.monotonic() - last > stall:
                         return None
                     time.sleep(0.05)
                     continue
+                except UnsafeFileError:
+                    return None  # the commit refuses it, naming what is wrong
             chunk = fh.read(min(8 * 1024 * 1024, size - done))
             if chunk:
                 h.update(chunk)
@@ -498,12 +581,41 @@ def _remove_temps(files: list[dict[str, Any]]) -> None:
             os.unlink(f["temp"])
 
 
-def _verify(f: dict[str, Any]) -> str:
-    """SHA-256 of a transferred temporary file, after checking its size and digest."""
+def _open_temp(f: dict[str, Any]) -> int:
+    """A descriptor of the transferred temporary file, which must be a regular file of its own.
+
+    Owner and mode are later set on this descriptor, never by path: a symlink or a hard link
+    planted at the temporary name cannot make the commit change another file.
+    """
     temp = f["temp"]
-    if not os.path.isfile(temp):
-        raise StageError(f"{f['name']}: the transferred file {temp} is missing; run the play again")
-    size = os.path.getsize(temp)
+    try:
+        fd = open_regular(temp, f"{f['name']}: the transferred file {temp}")
+    except FileNotFoundError:
+        raise StageError(f"{f['name']}: the transferred file {temp} is missing; run the play again") from None
+    except UnsafeFileError as exc:
+        raise StageError(f"{exc} (nothing was replaced)") from None
+    if os.fstat(fd).st_nlink != 1:
+        os.close(fd)
+        raise StageError(
+            f"{f['name']}: the transferred file {temp} has other hard links; something other than the transfer"
+            " wrote it: remove it and run the play again (nothing was replaced)"
+        )
+    return fd
+
+
+def _sha256_fd(fd: int) -> str:
+    h = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while True:
+        chunk = os.read(fd, 8 * 1024 * 1024)
+        if not chunk:
+            return h.hexdigest()
+        h.update(chunk)
+
+
+def _verify(f: dict[str, Any], fd: int) -> str:
+    """SHA-256 of a transferred temporary file (open as ``fd``), after checking its size and digest."""
+    size = os.fstat(fd).st_size
     if size != f["size"]:
         raise StageError(
             f"{f['name']}: the transfer wrote {size} bytes but the source has {f['size']}: the copy is"
@@ -511,7 +623,7 @@ def _verify(f: dict[str, Any]) -> str:
         )
     # A digest taken while the file was written counts only if it is the right one; otherwise the
     # finished file is read again (rsync may have rewritten part of it after a failed check).
-    got = f["digest"] if f.get("prehashed") == f["digest"] else sha256_file(temp)
+    got = f["digest"] if f.get("prehashed") == f["digest"] else _sha256_fd(fd)
     if got != f["digest"]:
         if f["digest_from"] == "inventory":
             raise StageError(
@@ -574,10 +686,31 @@ def commit(module: AnsibleModule) -> dict[str, Any]:
         by_kind[f["kind"]].append(f)
     transfers = by_kind["transfer"]
     sharded = len(transfers) + len(by_kind["keep"]) > 1
+    records = parse_sidecar(_scan_dest(dest)[2])
+    fds: dict[str, int] = {}
+    try:
+        return _commit(module, dest, uid, gid, file_mode, by_kind, transfers, sharded, records, fds)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _commit(
+    module: AnsibleModule,
+    dest: str,
+    uid: int,
+    gid: int,
+    file_mode: int,
+    by_kind: dict[str, list[dict[str, Any]]],
+    transfers: list[dict[str, Any]],
+    sharded: bool,
+    records: dict[str, dict[str, Any]],
+    fds: dict[str, int],
+) -> dict[str, Any]:
+    p = module.params
     shard_tensors: dict[str, dict[str, int]] = {}
     index_text: str | None = None
     new_records: dict[str, dict[str, Any]] = {}
-    records = parse_sidecar(_scan_dest(dest)[2])
     try:
         for f in transfers:
             if _already_committed(dest, f, records):
@@ -586,20 +719,19 @@ def commit(module: AnsibleModule) -> dict[str, Any]:
                 new_records[f["name"]] = records[f["name"]]
                 f["done"] = True
                 continue
-            digest = _verify(f)
+            fds[f["name"]] = _open_temp(f)
+            digest = _verify(f, fds[f["name"]])
             source = SourceFile(f["name"], f["origin"], int(f["size"]), int(f["mtime"]))
             new_records[f["name"]] = record(source, digest)
             if f["name"] == INDEX_NAME:
-                with open(f["temp"], encoding="utf-8") as fh:
-                    index_text = fh.read()
+                index_text = _read_index(f["temp"])
             else:
                 shard_tensors[f["name"]] = _header(f["temp"])
         if sharded:
             for f in by_kind["keep"]:
                 path = os.path.join(dest, f["name"])
                 if f["name"] == INDEX_NAME:
-                    with open(path, encoding="utf-8") as fh:
-                        index_text = fh.read()
+                    index_text = _read_index(path)
                 else:
                     shard_tensors[f["name"]] = _header(path)
             if by_kind["generate_index"]:
@@ -608,9 +740,9 @@ def commit(module: AnsibleModule) -> dict[str, Any]:
                 pass
             elif index_text is not None:
                 try:
-                    index = json.loads(index_text)
-                except ValueError as exc:
-                    raise StageError(f"{INDEX_NAME} from the source is not valid JSON ({exc})") from None
+                    index = loads_json(index_text, f"{INDEX_NAME} from the source")
+                except UnsafeFileError as exc:
+                    raise StageError(str(exc)) from None
                 check_index(index, {k: set(v) for k, v in shard_tensors.items()}, INDEX_NAME)
     except (StageError, OSError) as exc:
         _remove_temps(transfers)
@@ -621,22 +753,20 @@ def commit(module: AnsibleModule) -> dict[str, Any]:
     changed = False
     transfers = [f for f in transfers if not f.get("done")]
     for f in transfers:
-        os.chown(f["temp"], uid, gid)
-        os.chmod(f["temp"], file_mode)
+        os.fchown(fds[f["name"]], uid, gid)
+        os.fchmod(fds[f["name"]], file_mode)
     for f in by_kind["keep"]:
         path = os.path.join(dest, f["name"])
-        st = os.stat(path)
-        if (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) != (uid, gid, file_mode):
-            os.chown(path, uid, gid)
-            os.chmod(path, file_mode)
-            changed = True
+        changed = _fix_attrs(path, uid, gid, file_mode) or changed
     write_index = False
     if by_kind["generate_index"] and index_text is not None:
         path = os.path.join(dest, INDEX_NAME)
-        old = None
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as fh:
-                old = fh.read()
+        try:
+            old = _read_index(path)
+        except FileNotFoundError:
+            old = None
+        except StageError:
+            old = ""  # not a regular file: replaced (a rename never writes through it)
         write_index = old != index_text
     removes = [f["name"] for f in by_kind["remove"] if os.path.lexists(os.path.join(dest, f["name"]))]
     _, _, side_text = _scan_dest(dest)
@@ -649,7 +779,10 @@ def commit(module: AnsibleModule) -> dict[str, Any]:
         writes = {SIDECAR_NAME: (side, 0o644)}
         if write_index and index_text is not None:
             writes[INDEX_NAME] = (index_text, file_mode)
-        new = NewSet(place={f["name"]: f["temp"] for f in transfers}, write=writes, remove=set(removes))
+        identity = {f["name"]: _dev_ino(fds[f["name"]]) for f in transfers}
+        new = NewSet(
+            place={f["name"]: f["temp"] for f in transfers}, write=writes, remove=set(removes), identity=identity
+        )
         try:
             replace_set(dest, new, uid, gid, _mode(p["dir_mode"], "dir_mode"))
         except StageError:
@@ -659,7 +792,9 @@ def commit(module: AnsibleModule) -> dict[str, Any]:
         return {"changed": True, "files": merged, "transferred": sorted(new_records), "reread": reread, "swapped": True}
     # At most one file changes: one rename (or removal) is atomic by itself.
     for f in transfers:
-        os.replace(f["temp"], os.path.join(dest, f["name"]))
+        final = os.path.join(dest, f["name"])
+        os.replace(f["temp"], final)
+        _check_placed(final, fds[f["name"]])
         changed = True
     if write_index and index_text is not None:
         _atomic_write(os.path.join(dest, INDEX_NAME), index_text, uid, gid, file_mode)
@@ -675,20 +810,71 @@ def commit(module: AnsibleModule) -> dict[str, Any]:
     return {"changed": changed, "files": merged, "transferred": sorted(new_records), "reread": reread, "swapped": False}
 
 
+def _read_index(path: str) -> str:
+    try:
+        return read_regular(path, MAX_RECORD_BYTES).decode("utf-8", "replace")
+    except UnsafeFileError as exc:
+        raise StageError(str(exc)) from None
+
+
+def _fix_attrs(path: str, uid: int, gid: int, mode: int) -> bool:
+    """Set owner, group and mode of a file in dest through a descriptor (never through a link)."""
+    try:
+        fd = open_regular(path)
+    except UnsafeFileError as exc:
+        raise StageError(f"{exc} (nothing was replaced)") from None
+    try:
+        st = os.fstat(fd)
+        if (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (uid, gid, mode):
+            return False
+        if st.st_nlink != 1:
+            raise StageError(f"{path} has other hard links; its owner is not changed: remove the extra links")
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, mode)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _dev_ino(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _check_placed(final: str, fd: int) -> None:
+    """The entry renamed into place is the file verified (not one swapped in at the temporary name)."""
+    st, want = os.lstat(final), os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (want.st_dev, want.st_ino):
+        os.unlink(final)
+        raise StageError(
+            f"{final}: the temporary file was replaced between its check and its rename; the entry was removed:"
+            " check who writes into the destination and run the play again"
+        )
+
+
 def _atomic_write(path: str, text: str, uid: int, gid: int, mode: int) -> None:
-    tmp = os.path.join(os.path.dirname(path), f"{TEMP_PREFIX}{os.path.basename(path)}.write{TEMP_SUFFIX}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.chown(tmp, uid, gid)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    atomic_write(path, text, mode, (uid, gid), prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX)
+
+
+def validate(params: dict[str, Any]) -> None:
+    """Refuse, before anything is touched, settings no staging can work with."""
+    for name in ("src", "dest"):
+        value = params[name]
+        if not value or not str(value).strip():
+            raise StageError(f"{name} is empty; give the path of the {'weights' if name == 'src' else 'directory'}")
+        if "\x00" in str(value):
+            raise StageError(f"{name} holds a NUL character, which no path can hold; check model_stage_{name}")
+    if params["space_margin"] < 0:
+        raise StageError(
+            f"space_margin is {params['space_margin']}; it must be 0 or more bytes (a negative margin would turn the"
+            " free-space check off)"
+        )
 
 
 def run(module: AnsibleModule) -> None:
     step = module.params["step"] or "plan"
     try:
+        validate(module.params)
         with _locked(module.params["dest"]):
             if step == "plan":
                 result = plan(module)
@@ -698,7 +884,7 @@ def run(module: AnsibleModule) -> None:
                 result = copy_local(module)
             else:
                 result = commit(module)
-    except StageError as exc:
+    except (StageError, UnsafeFileError) as exc:
         module.fail_json(msg=str(exc))
     except OSError as exc:
         module.fail_json(msg=f"{module.params['dest']}: {exc.strerror or exc} ({getattr(exc, 'filename', '')})")

@@ -160,6 +160,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, read_regular
 from ansible.module_utils.vllm_changeset import (
     ABSENT,
     PRESENT,
@@ -202,6 +203,15 @@ def decode_sources(sources: dict) -> dict[str, bytes]:
     return out
 
 
+def _read_record(path: str) -> str | None:
+    try:
+        return read_regular(path, 4 * 1024 * 1024).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None
+    except UnsafeFileError:
+        return ""  # not a regular file: replaced by the write (a rename, never through it)
+
+
 def run(module: AnsibleModule) -> dict:
     params = module.params
     install = find_vllm(params["venv"])
@@ -216,8 +226,12 @@ def run(module: AnsibleModule) -> dict:
         changeset = load_changeset(params["changeset_root"], install.version, params["patchset"])
     the_plan = plan(changeset, install.site_packages, params["state"])
     record_path = os.path.join(params["venv"], RECORD_NAME)
+    text = json.dumps(record(changeset, the_plan), indent=2, sort_keys=True) + "\n"
+    # A record that a failed write left missing or stale is written again even when no file changes.
+    present = params["state"] == PRESENT
+    record_stale = _read_record(record_path) != text if present else os.path.lexists(record_path)
     result: dict = {
-        "changed": the_plan.changed,
+        "changed": the_plan.changed or record_stale,
         "vllm_version": install.version,
         "site_packages": install.site_packages,
         "patchset": changeset.patchset,
@@ -230,14 +244,16 @@ def run(module: AnsibleModule) -> dict:
     }
     if module._diff:
         result["diff"] = [unified_diff(a.path, a.before, a.after) for a in the_plan.actions if a.changes]
-    if the_plan.changed and not module.check_mode:
+    if (the_plan.changed or record_stale) and not module.check_mode:
         execute(the_plan)
         if params["state"] == PRESENT:
-            text = json.dumps(record(changeset, the_plan), indent=2, sort_keys=True) + "\n"
-            tmp = record_path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.replace(tmp, record_path)
+            try:
+                atomic_write(record_path, text, 0o644, prefix=".")
+            except OSError as exc:
+                raise ChangeSetError(
+                    f"vLLM was patched but its record {record_path} could not be written ({exc.strerror or exc});"
+                    " free space or fix the venv's permissions and run again"
+                ) from None
         elif os.path.exists(record_path):
             os.unlink(record_path)
     return result

@@ -15,11 +15,14 @@ Pure functions, standard library only. Every refusal raises
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from ansible.module_utils.safe_io import UnsafeFileError, read_json
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -27,7 +30,8 @@ LAYER_TYPES = (FULL, SLIDING)
 
 TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
-_LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
+_TOKEN_ID = re.compile(r"[0-9]{1,12}")
+_LAYER_RE = re.compile(r"^layers\.([0-9]+)\.(.+)$")
 _TOP_LEVEL = ("fc.weight", "hidden_norm.weight", "norm.weight")
 _OPTIONAL_TOP = ("embed_tokens.weight", "lm_head.weight")
 _PER_LAYER = (
@@ -147,7 +151,15 @@ def infer_drafter(tensors: Mapping[str, tuple[str, Sequence[int]]], target_vocab
     for name, shape in shapes.items():
         m = _LAYER_RE.match(name)
         if m:
-            layers.setdefault(int(m.group(1)), {})[m.group(2)] = shape
+            digits = m.group(1)
+            # A layer index can be at most the tensor count: every layer has tensors of its own.
+            if len(digits) > len(str(len(shapes))) or int(digits) >= len(shapes):
+                shown = digits if len(digits) <= 20 else f"{digits[:20]}... ({len(digits)} digits)"
+                raise DFlashConfigError(
+                    f"drafter tensor layers.{shown}.{m.group(2)[:100]} names layer {shown} but the file has only"
+                    f" {len(shapes)} tensors, so it cannot have that many layers; the file is not DFlash drafter weights"
+                )
+            layers.setdefault(int(digits), {})[m.group(2)] = shape
         elif name not in _TOP_LEVEL and name not in _OPTIONAL_TOP:
             unknown.append(name)
     if not layers:
@@ -260,16 +272,23 @@ def infer_drafter(tensors: Mapping[str, tuple[str, Sequence[int]]], target_vocab
     )
 
 
+# A target's config.json is a few KiB; a tokenizer.json is tens of MiB at most.
+MAX_TARGET_JSON_BYTES = 256 * 1024 * 1024
+
+
 def _read_json(path: str, what: str) -> Any:
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+        return read_json(path, MAX_TARGET_JSON_BYTES, f"{what} {path}")
     except FileNotFoundError:
         raise DFlashConfigError(f"{what} {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DFlashConfigError(f"cannot read {what} {path}: {exc}") from None
-    except (ValueError, RecursionError) as exc:
-        raise DFlashConfigError(f"{what} {path} is not valid JSON: {exc}") from None
+    except UnsafeFileError as exc:
+        raise DFlashConfigError(str(exc)) from None
+    except OSError as exc:
+        raise DFlashConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
+def _finite(v: Any) -> bool:
+    return not isinstance(v, float) or math.isfinite(v)
 
 
 def _pos_int(v: Any) -> bool:
@@ -306,6 +325,8 @@ def read_target(target_dir: str) -> TargetInfo:
         rope_theta = rope_params.get("rope_theta")
     if not isinstance(rope_theta, int | float) or isinstance(rope_theta, bool) or rope_theta <= 0:
         raise DFlashConfigError(f"target config {path} has no rope_theta (nor rope_parameters.rope_theta)")
+    if not _finite(rope_theta):
+        raise DFlashConfigError(f"target config {path} has rope_theta {rope_theta!r}; it must be a finite number")
     rope_scaling = get("rope_scaling")
     if not isinstance(rope_scaling, dict):
         rope_scaling = None
@@ -317,8 +338,8 @@ def read_target(target_dir: str) -> TargetInfo:
     eps = get("rms_norm_eps")
     if eps is None:
         eps = 1e-6
-    if not isinstance(eps, int | float) or isinstance(eps, bool) or eps <= 0:
-        raise DFlashConfigError(f"target config {path} has an invalid rms_norm_eps {eps!r}")
+    if not isinstance(eps, int | float) or isinstance(eps, bool) or eps <= 0 or not _finite(eps):
+        raise DFlashConfigError(f"target config {path} has an invalid rms_norm_eps {eps!r}; it must be a finite number")
     act = get("hidden_act") or "silu"
     model_type = cfg.get("model_type")
     return TargetInfo(
@@ -363,10 +384,20 @@ def find_mask_token_id(target_dir: str) -> tuple[int, str]:
         if not isinstance(model, dict) or "vocab" not in model:
             raise DFlashConfigError(f"target tokenizer {tj} has no model.vocab")
         ids += _ids_from_vocab(model["vocab"], tj)
-        for tok in obj.get("added_tokens") or []:
+        added_tokens = obj.get("added_tokens")
+        if added_tokens is None:
+            added_tokens = []
+        if not isinstance(added_tokens, list):
+            raise DFlashConfigError(
+                f"target tokenizer {tj}: added_tokens is {type(added_tokens).__name__}, not a list of tokens;"
+                " the file is not a tokenizer.json"
+            )
+        for tok in added_tokens:
             tid = tok.get("id") if isinstance(tok, dict) else None
             if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
-                raise DFlashConfigError(f"target tokenizer {tj}: added_tokens entry without a valid id: {tok!r}")
+                raise DFlashConfigError(
+                    f"target tokenizer {tj}: added_tokens entry without a valid id: {repr(tok)[:120]}"
+                )
             ids.append(tid)
         used.append("tokenizer.json")
         base_vocab = True
@@ -382,8 +413,9 @@ def find_mask_token_id(target_dir: str) -> tuple[int, str]:
         dec = obj.get("added_tokens_decoder") if isinstance(obj, dict) else None
         if isinstance(dec, dict):
             for key in dec:
-                if not str(key).isdigit():
-                    raise DFlashConfigError(f"{tc}: added_tokens_decoder key {key!r} is not a token id")
+                # ASCII digits only (str.isdigit accepts '²' and other scripts' digits), and an id's length.
+                if not _TOKEN_ID.fullmatch(str(key)):
+                    raise DFlashConfigError(f"{tc}: added_tokens_decoder key {str(key)[:40]!r} is not a token id")
                 ids.append(int(key))
             used.append("tokenizer_config.json")
             added = True
@@ -596,8 +628,14 @@ def build_config(
 
 
 def render(config: Mapping[str, Any]) -> str:
-    """Deterministic JSON text: sorted keys, two-space indent, trailing newline."""
-    return json.dumps(config, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+    """Deterministic, strict JSON text: sorted keys, two-space indent, trailing newline, no NaN/Infinity."""
+    try:
+        return json.dumps(config, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    except ValueError:
+        raise DFlashConfigError(
+            "the config would hold a number that is not finite (NaN or Infinity, for example from the target's"
+            " rope_scaling); fix the target's config.json"
+        ) from None
 
 
 def generate(

@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, loads_json
+
 SINGLE_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 SIDECAR_NAME = ".model_stage.json"
@@ -41,6 +43,8 @@ TEMP_PREFIX = ".model_stage-"
 TEMP_SUFFIX = ".part"
 SWAP_PREFIX = ".model_stage-swap-"
 SIDECAR_VERSION = 1
+# The sidecar and a shard index hold a line per file or tensor: far below this.
+MAX_RECORD_BYTES = 64 * 1024 * 1024
 _CHUNK = 8 * 1024 * 1024
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -193,8 +197,8 @@ def parse_sidecar(text: str | None) -> dict[str, dict[str, Any]]:
     if not text:
         return {}
     try:
-        obj = json.loads(text)
-    except ValueError:
+        obj = loads_json(text, SIDECAR_NAME)
+    except UnsafeFileError:
         return {}
     if not isinstance(obj, dict) or obj.get("version") != SIDECAR_VERSION or not isinstance(obj.get("files"), dict):
         return {}
@@ -480,6 +484,8 @@ class NewSet:
     place: dict[str, str]  # name in dest -> verified file (on dest's filesystem) to hard-link there
     write: dict[str, tuple[str, int]]  # name in dest -> (text, mode) written fresh
     remove: set[str] = field(default_factory=set)  # names in dest left out of the new set
+    # name in dest -> (st_dev, st_ino) the placed file must have (the file verified, not one swapped in)
+    identity: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def fsync_path(path: str) -> None:
@@ -506,7 +512,7 @@ def _mirror(src: str, dst: str, skip: set[str]) -> None:
             _mirror(path, target, set())
             os.chmod(target, stat.S_IMODE(st.st_mode))
         elif stat.S_ISREG(st.st_mode):
-            os.link(path, target)
+            os.link(path, target, follow_symlinks=False)
         else:
             raise StageError(
                 f"{path} is neither a file, a directory nor a symlink; it cannot be carried over into the new"
@@ -529,15 +535,17 @@ def prepare_set(dest: str, new: NewSet, uid: int, gid: int, dir_mode: int) -> st
     skip |= {e.name for e in os.scandir(real) if e.name.startswith(TEMP_PREFIX)}
     _mirror(real, staging, skip)
     for name, path in sorted(new.place.items()):
-        os.link(path, os.path.join(staging, name))
-    for name, (text, mode) in sorted(new.write.items()):
         target = os.path.join(staging, name)
-        with open(target, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chown(target, uid, gid)
-        os.chmod(target, mode)
+        os.link(path, target, follow_symlinks=False)
+        st = os.lstat(target)
+        if name in new.identity and (st.st_dev, st.st_ino) != new.identity[name]:
+            remove_tree(staging)
+            raise StageError(
+                f"{path} was replaced between its check and the commit; nothing was replaced: check who writes"
+                " into the destination and run the play again"
+            )
+    for name, (text, mode) in sorted(new.write.items()):
+        atomic_write(os.path.join(staging, name), text, mode, (uid, gid), prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX)
     os.chown(staging, uid, gid)
     os.chmod(staging, dir_mode)
     fsync_path(staging)

@@ -63,13 +63,20 @@ def _cell(value: str) -> str | None:
     return unit.group(1) if unit else value
 
 
+# Far beyond any MiB, MHz, watt or percent nvidia-smi reports: a bigger "number" is garbage.
+_MAX_COUNT = 2**63
+
+
 def _int_or_none(value: str | None) -> int | None:
     if value is None:
         return None
     try:
-        return int(float(value))
-    except ValueError as exc:
-        raise NvidiaParseError(f"expected a number, got {value!r}") from exc
+        number = int(float(value))
+    except (ValueError, OverflowError):  # OverflowError: inf, 1e400 or a number of hundreds of digits
+        raise NvidiaParseError(f"expected a number, got {value[:40]!r}") from None
+    if abs(number) > _MAX_COUNT:
+        raise NvidiaParseError(f"expected a number nvidia-smi can report, got {value[:40]!r}")
+    return number
 
 
 def parse_csv(text: str, fields: tuple[str, ...] | list[str]) -> list[dict[str, str | None]]:
@@ -212,7 +219,8 @@ def classify_nvidia_smi_failure(
             f"version ({kernel}), without the kernel module (the .run installer with --no-kernel-module), "
             "and hold it against upgrades."
         )
-    elif rc == 124:
+    elif rc in (124, 137, -9):
+        # 124: timeout's own status; 137 or -9: the command ignored SIGTERM and timeout sent KILL.
         kind = "timeout"
         message = (
             f"nvidia-smi did not answer in time ({path}): the GPU or the driver hangs. Look at the "

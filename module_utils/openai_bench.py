@@ -85,7 +85,7 @@ def parse_sse_line(line: str) -> dict | str | None:
         return DONE
     try:
         payload = json.loads(data)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # ValueError: also an integer past Python's digit limit
         raise BenchError(f"stream chunk is not JSON: {data[:120]!r}") from None
     if not isinstance(payload, dict):
         raise BenchError(f"stream chunk is not a JSON object: {data[:120]!r}")

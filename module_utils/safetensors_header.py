@@ -27,8 +27,13 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ansible.module_utils.safe_io import UnsafeFileError, read_regular
+
 # Refuse headers larger than this; the reference implementation uses 100 MB too.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+# No file holds more than 2**64 bytes: a shape whose product passes that is refused at once (the
+# reference implementation's checked multiplication), before big-integer products cost seconds.
+_MAX_BITS = 8 << 64
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 _CHUNK = 8 * 1024 * 1024
@@ -203,6 +208,16 @@ def _parse_header(
             _load_json(header, where)
     if type(obj) is not dict:
         raise SafetensorsError(f"{where} is JSON but not an object (got {type(obj).__name__})")
+    if b"\\u" in header:
+        # Only a \u escape can make a lone UTF-16 surrogate, which is no text: the node would pass
+        # such a name and the controller refuse the module's result.
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise SafetensorsError(
+                f"{where}: a tensor name or metadata string holds a lone UTF-16 surrogate (a \\ud800-\\udfff"
+                " escape), which is not text; the file is not a valid safetensors file"
+            ) from None
     metadata: dict[str, str] = {}
     tensors: dict[str, TensorInfo] = {}
     bits_of = DTYPE_BITS
@@ -237,6 +252,8 @@ def _parse_header(
                 if type(d) is not int or d < 0:
                     break
                 bits *= d
+                if bits > _MAX_BITS:
+                    break
             else:
                 if 0 <= begin <= end and bits == 8 * (end - begin):
                     info = new(TensorInfo, (dtype, tuple(shape), begin, end, path))
@@ -303,6 +320,11 @@ def _tensor_entry(name: str, entry: Any, where: str, path: str) -> TensorInfo:
         if type(d) is not int or d < 0:
             raise SafetensorsError(f"{where}: tensor {name!r} shape must be a list of non-negative integers")
         numel *= d
+        if numel * bits_per > _MAX_BITS:
+            raise SafetensorsError(
+                f"{where}: tensor {name!r} shape {_short(shape)} has more elements than any file can hold;"
+                " the header is corrupt"
+            )
     if type(offs) is not list or len(offs) != 2:
         raise SafetensorsError(f"{where}: tensor {name!r} data_offsets must be [begin, end], non-negative integers")
     begin, end = offs
@@ -318,6 +340,11 @@ def _tensor_entry(name: str, entry: Any, where: str, path: str) -> TensorInfo:
             f"{where}: tensor {name!r} is {dtype} {shape} = {bits // 8} bytes but data_offsets span {end - begin} bytes"
         )
     return TensorInfo(dtype, tuple(shape), begin, end, path)
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def read_file_header(path: str, checksum: str = "none") -> FileHeader:
@@ -343,7 +370,8 @@ def _read_file_header(path: str, checksum: str, directory_ok: bool) -> FileHeade
     say why); without, it is refused as a file that cannot be read.
     """
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # O_NONBLOCK: a FIFO planted as a weights file must not hang the open (refused below).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         if directory_ok and os.path.isdir(path):
             return None  # a directory this user may not open; listing it says why
@@ -356,6 +384,8 @@ def _read_file_header(path: str, checksum: str, directory_ok: bool) -> FileHeade
         if stat.S_ISDIR(st.st_mode):
             return None
         _check_checksum(checksum)  # (inspect_path checks it here: a directory gets listed first)
+        if not stat.S_ISREG(st.st_mode):
+            raise SafetensorsError(f"{path}: not a regular file (a FIFO, socket or device); point at the weights file")
         size = st.st_size
         # One read usually brings the length prefix and the whole header.
         head = os.pread(fd, _FIRST_READ, 0)
@@ -404,12 +434,11 @@ def _sha256(fd: int) -> str:
 
 def _read_index(index_path: str) -> tuple[dict[str, str], dict[str, Any]]:
     try:
-        with open(index_path, "rb") as fh:
-            raw = fh.read(MAX_HEADER_BYTES + 1)
+        raw = read_regular(index_path, MAX_HEADER_BYTES, follow=True)
+    except UnsafeFileError as exc:
+        raise SafetensorsError(f"{exc}; not a shard index") from None
     except OSError as exc:
         raise SafetensorsError(f"{index_path}: cannot read: {exc.strerror or exc}") from None
-    if len(raw) > MAX_HEADER_BYTES:
-        raise SafetensorsError(f"{index_path}: larger than {MAX_HEADER_BYTES} bytes; not a shard index")
     obj = _load_json(raw, index_path)
     if not isinstance(obj, dict) or not isinstance(obj.get("weight_map"), dict):
         raise SafetensorsError(f"{index_path}: must be a JSON object with a 'weight_map' object")

@@ -35,15 +35,18 @@ Pure logic plus file I/O, standard library only (runs on managed nodes).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, loads_json, read_regular
+
 MANIFEST = "manifest.json"
+# A manifest lists a few dozen files; a patched or added source file is well below this.
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+MAX_SOURCE_BYTES = 64 * 1024 * 1024
 FORMAT = 1
 RECORD_NAME = "vllm-changeset.json"
 
@@ -280,11 +283,23 @@ def load_changeset(root: str, version: str, patchset: str) -> ChangeSet:
         src = Path(root) / relpath
         if not src.is_file():
             raise ChangeSetError(f"The change set is incomplete: {src} is missing.")
-        return src.read_bytes()
+        return _bounded(src, MAX_SOURCE_BYTES)
 
     return parse_changeset(
-        manifest_path.read_bytes(), str(manifest_path), version, patchset, read, lambda rel: str(Path(root) / rel)
+        _bounded(manifest_path, MAX_MANIFEST_BYTES),
+        str(manifest_path),
+        version,
+        patchset,
+        read,
+        lambda rel: str(Path(root) / rel),
     )
+
+
+def _bounded(path: Path, limit: int) -> bytes:
+    try:
+        return read_regular(str(path), limit, follow=True)
+    except UnsafeFileError as exc:
+        raise ChangeSetError(f"{exc}.") from None
 
 
 def load_inline_changeset(
@@ -328,10 +343,12 @@ def parse_changeset(
     the file is not at hand (the entry then carries no content); ``describe`` names such a
     path in errors.
     """
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ChangeSetError(f"{where} is larger than {MAX_MANIFEST_BYTES} bytes; it is not a change-set manifest.")
     try:
-        manifest = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ChangeSetError(f"{where} is not valid JSON: {exc}") from exc
+        manifest = loads_json(raw, where)
+    except UnsafeFileError as exc:
+        raise ChangeSetError(f"{exc}.") from None
     if not isinstance(manifest, dict):
         raise ChangeSetError(f"{where} is not a JSON object.")
     if manifest.get("format") != FORMAT:
@@ -345,7 +362,10 @@ def parse_changeset(
         )
     files: list[FileChange] = []
     seen: set[str] = set()
-    for entry in manifest.get("files", []):
+    entries = manifest.get("files", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ChangeSetError(f"{where}: 'files' must be a list of objects (path, kind, ...).")
+    for entry in entries:
         path = _safe_relpath(str(entry.get("path", "")), "target")
         if path in seen:
             raise ChangeSetError(f"{where} names {path} twice.")
@@ -364,7 +384,12 @@ def parse_changeset(
         elif kind == "patch":
             rel = _safe_relpath(str(entry.get("diff", "")), "diff")
             text = read(rel)
-            hunks = parse_unified_diff(text.decode("utf-8")) if text is not None else None
+            try:
+                hunks = parse_unified_diff(text.decode("utf-8")) if text is not None else None
+            except UnicodeDecodeError as exc:
+                raise ChangeSetError(
+                    f"The change set is corrupt: {describe(rel)} is not UTF-8 text ({exc.reason})."
+                ) from None
             files.append(
                 FileChange(
                     path,
@@ -425,10 +450,13 @@ class Plan:
 
 
 def _read(path: Path) -> bytes | None:
+    """A file in site-packages as it is now (None: absent); only a regular file, bounded."""
     try:
-        return path.read_bytes()
+        return read_regular(str(path), MAX_SOURCE_BYTES, follow=True)
     except FileNotFoundError:
         return None
+    except UnsafeFileError as exc:
+        raise ChangeSetError(f"{exc}; vLLM's files must be plain files: reinstall vLLM.") from None
 
 
 def _classify(change: FileChange, current: bytes | None, target: Path, version: str) -> tuple[str | None, str]:
@@ -545,21 +573,11 @@ def plan(changeset: ChangeSet, site_packages: str, state: str) -> Plan:
 def _atomic_write(target: Path, data: bytes, mode: int) -> None:
     """Replace ``target`` in one rename, keeping its owner (a new file takes its directory's owner)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    ref = (target if target.exists() else target.parent).stat()
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        if os.geteuid() == 0 and (ref.st_uid, ref.st_gid) != (os.getuid(), os.getgid()):
-            os.chown(tmp, ref.st_uid, ref.st_gid)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    ref = os.lstat(target if os.path.lexists(target) else target.parent)
+    owner = None
+    if os.geteuid() == 0 and (ref.st_uid, ref.st_gid) != (os.getuid(), os.getgid()):
+        owner = (ref.st_uid, ref.st_gid)
+    atomic_write(str(target), data, mode, owner, prefix=".")
 
 
 def _drop_bytecode(target: Path) -> None:
@@ -580,11 +598,13 @@ def execute(plan_: Plan, *, write: Callable[[Path, bytes, int], None] = _atomic_
                 continue
             target = site / action.path
             mode = target.stat().st_mode & 0o7777 if action.before is not None else 0o644
-            done.append((target, action.before, mode))
+            # Recorded once changed: a write that failed left its file as it was (all or nothing),
+            # so restoring it is not needed and must not be reported as failing.
             if action.after is None:
                 target.unlink()
             else:
                 write(target, action.after, mode)
+            done.append((target, action.before, mode))
             _drop_bytecode(target)
             changed.append(action.path)
     except BaseException as exc:
@@ -601,7 +621,7 @@ def execute(plan_: Plan, *, write: Callable[[Path, bytes, int], None] = _atomic_
             raise ChangeSetError(
                 f"Writing failed ({exc}) and restoring failed too for: {'; '.join(failures)}. Reinstall vLLM."
             ) from exc
-        if isinstance(exc, OSError):
+        if isinstance(exc, OSError | UnsafeFileError):
             raise ChangeSetError(f"Writing failed, every file was put back as it was: {exc}") from exc
         raise
     return changed

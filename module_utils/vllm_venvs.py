@@ -15,6 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from ansible.module_utils.safe_io import UnsafeFileError, read_json, read_regular
 from ansible.module_utils.vllm_releases import (
     Detected,
     detect_features,
@@ -26,6 +27,10 @@ from ansible.module_utils.vllm_releases import (
 
 MARKER = ".vllm-install.json"
 _SITE_RE = re.compile(r"^python3\.\d+$")
+
+# A marker is a few hundred bytes; vLLM's largest source file is well below 64 MiB.
+MAX_READ_BYTES = 4 * 1024 * 1024
+MAX_SOURCE_BYTES = 64 * 1024 * 1024
 
 
 def find_site_packages(venv: str) -> str | None:
@@ -59,9 +64,8 @@ def _reader(site: str):
     def read(rel: str) -> str | None:
         path = os.path.join(site, rel)
         try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                return handle.read()
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return read_regular(path, MAX_SOURCE_BYTES, follow=True).decode("utf-8", "replace")
+        except (FileNotFoundError, NotADirectoryError, UnsafeFileError):
             return None
 
     return read
@@ -100,9 +104,8 @@ class VenvState:
 def read_marker(venv: str) -> dict[str, object] | None:
     path = os.path.join(venv, MARKER)
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (FileNotFoundError, NotADirectoryError, ValueError):
+        data = read_json(path, MAX_READ_BYTES)
+    except (FileNotFoundError, NotADirectoryError, UnsafeFileError):
         return None
     return data if isinstance(data, dict) else None
 

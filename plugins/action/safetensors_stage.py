@@ -34,6 +34,7 @@ for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(_HERE.parent.parent / "modu
 
 from ansible.module_utils.model_stage import (
     INDEX_NAME,
+    MAX_RECORD_BYTES,
     SIDECAR_NAME,
     SWAP_PREFIX,
     TEMP_PREFIX,
@@ -99,7 +100,7 @@ def unchanged_on_node(listing: str, sources: list[dict[str, Any]], args: dict[st
     """
     # become through sudo runs the command on a tty: lines end in CR LF.
     text, sep, side = listing.replace("\r\n", "\n").partition(_MARK + "\n")
-    if not sep:
+    if not sep or len(side) > MAX_RECORD_BYTES:
         return None
     entries: dict[str, tuple[int, int, str, str, int, str]] = {}
     for line in text.splitlines():
@@ -137,10 +138,12 @@ def quick_check_command(dest: str) -> str:
     when a staging directory left beside dest by an interrupted replacement is there."""
     dest = dest.rstrip("/") or "/"
     swap = f'"$(dirname -- "$r")/{SWAP_PREFIX}$(basename -- "$r")'
+    side = shlex.quote(dest + "/" + SIDECAR_NAME)
+    # The sidecar only as a regular file (a symlink to /dev/zero or a FIFO fails the check), bounded.
     return (
         f'r=$(readlink -f -- {shlex.quote(dest)}) && test ! -e {swap}" && test ! -e {swap}.probe"'
         f" && find {shlex.quote(dest)} -maxdepth 1 -printf '%P|%s|%T@|%u|%g|%m|%y\\n'"
-        f" && echo {_MARK} && cat {shlex.quote(dest + '/' + SIDECAR_NAME)}"
+        f" && echo {_MARK} && test -f {side} && test ! -L {side} && head -c {MAX_RECORD_BYTES + 1} -- {side}"
     )
 
 

@@ -32,6 +32,7 @@ options:
 
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -41,9 +42,15 @@ from ansible.plugins.callback import CallbackBase
 COLUMNS = ("host", "outcome", "gpus", "serving", "acceptance", "tok/s", "note")
 
 
+def _section(report: Any, role: str) -> dict[str, Any]:
+    """A role's part of a host's report; anything malformed counts as nothing reported."""
+    section = report.get(role) if isinstance(report, dict) else None
+    return section if isinstance(section, dict) else {}
+
+
 def _get(report: dict[str, Any], role: str, key: str) -> Any:
-    value = (report.get(role) or {}).get(key)
-    return "-" if value in (None, "") else value
+    value = _section(report, role).get(key)
+    return "-" if value is None or value == "" else value
 
 
 def failure_message(result: dict[str, Any]) -> str:
@@ -98,7 +105,7 @@ def summary_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
         note = first.splitlines()[0][:80] if first else ""
         acceptance = _get(report, "service_swap", "mean_acceptance_length")
         serving = str(_get(report, "service_swap", "serving"))
-        if (report.get("service_swap") or {}).get("rolled_back"):
+        if _section(report, "service_swap").get("rolled_back"):
             serving += " (rolled back)"
         rows.append(
             (
@@ -118,6 +125,27 @@ def summary_table(rows: list[tuple[str, ...]]) -> str:
     table = [COLUMNS, *rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table)
+
+
+def write_report(out_dir: Path, stem: str, text: str) -> Path:
+    """Write ``text`` as ``stem.json`` in ``out_dir``, or ``stem-2.json``... if a run of the same second has it.
+
+    The whole file appears at once (a hard link of a complete temporary file), and never replaces another's.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=out_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+        for n in range(1, 1000):
+            path = out_dir / (f"{stem}.json" if n == 1 else f"{stem}-{n}.json")
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                continue
+            return path
+        raise OSError(f"{out_dir} holds 999 reports named {stem}*; clean it up")
+    finally:
+        os.unlink(tmp)
 
 
 class CallbackModule(CallbackBase):
@@ -188,11 +216,10 @@ class CallbackModule(CallbackBase):
         out_dir = Path(self.get_option("report_dir"))
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.started))
         out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / f"{self.playbook}-{stamp}.json"
         body = {"playbook": self.playbook, "started": stamp, "hosts": self.hosts}
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(body, indent=2, sort_keys=True, default=str) + "\n")
-        os.replace(tmp, path)
+        path = write_report(
+            out_dir, f"{self.playbook}-{stamp}", json.dumps(body, indent=2, sort_keys=True, default=str)
+        )
         self._display.banner("ROLLOUT REPORT")
         self._display.display(summary_table(summary_rows(self.hosts)))
         self._display.display(f"report: {path}")

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import difflib
 import functools
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import jinja2
 import yaml
+from ansible.errors import AnsibleUndefinedVariable
 
 # Variables that existed once and were removed or renamed: name -> what to do instead.
 REMOVED: dict[str, str] = {}
@@ -40,12 +42,78 @@ def load_specs(roles_dir: str) -> dict[str, dict[str, Any]]:
     # (rollout_* for site.yml's batches, rollback_* for playbooks/rollback.yml).
     playbook_specs = sorted((Path(roles_dir).parent / "playbooks" / "vars").glob("*_argument_specs.yml"))
     files.extend((p, p.name.removesuffix("_argument_specs.yml")) for p in playbook_specs)
+    if not Path(roles_dir).is_dir() or not files:
+        # No specs means no checks at all: fail closed, not open.
+        raise ValueError(
+            f"no roles/*/meta/argument_specs.yml under {roles_dir}: the inventory cannot be checked; run from the"
+            " repository (its roles directory) or fix the path given to inventory_problems"
+        )
     for path, owner in files:
         data = yaml.safe_load(path.read_text()) or {}
         for entry in (data.get("argument_specs") or {}).values():
             for name, opt in (entry.get("options") or {}).items():
                 specs[name] = dict(opt or {}, role=owner)
     return specs
+
+
+# Names whose values are never echoed, whatever their spec says (no_log in the spec also hides one).
+_SECRET_NAME = re.compile(r"key|password|passwd|token|secret|credential", re.IGNORECASE)
+# Unknown variables that get a "did you mean" (each suggestion compares with every known name).
+MAX_SUGGESTIONS = 50
+# Echoed values are cut to this many characters: a message names the problem, not the whole value.
+MAX_SHOWN = 60
+
+
+def is_secret(name: str, spec: Mapping[str, Any]) -> bool:
+    return bool(spec.get("no_log")) or bool(_SECRET_NAME.search(name))
+
+
+def yaml_type(value: Any) -> str:
+    """The YAML type an operator wrote (str, int, bool, ...), not ansible-core's internal class name."""
+    for kind, name in ((bool, "bool"), (int, "int"), (float, "float"), (str, "str"), (Mapping, "dict")):
+        if isinstance(value, kind):
+            return name
+    if isinstance(value, list | tuple):
+        return "list"
+    if value is None:
+        return "null"
+    return type(value).__name__.removeprefix("_AnsibleTagged").lower() or "value"
+
+
+def shown(value: Any) -> str:
+    """``value`` as a message shows it: its repr, cut to MAX_SHOWN characters."""
+    try:
+        text = repr(value if type(value) in (str, int, float, bool) else _plain(value))
+    except ValueError:  # an integer past Python's int-to-str limit
+        return f"<{yaml_type(value)} too long to show>"
+    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
+
+
+def _plain(value: Any) -> Any:
+    """Scalars as their plain Python type, so a repr never shows an ansible-core class name."""
+    for kind in (bool, int, float, str):
+        if isinstance(value, kind):
+            return kind(value)
+    return value
+
+
+def template_failure(value: Any) -> str | None:
+    """Why a templated value failed to render (a syntax or runtime error), None for a plain undefined.
+
+    ansible-core 2.19+ hands a failed template over as an exception marker (an Undefined that
+    carries the error); an undefined name (a role default not loaded yet) is not a failure.
+    """
+    as_exception = getattr(value, "_as_exception", None)
+    if as_exception is None:
+        return None
+    try:
+        exc = as_exception()
+        if isinstance(exc, AnsibleUndefinedVariable):
+            return None  # a name not defined yet (a role default): the role checks it on entry
+        text = str(exc)
+    except Exception:  # whatever the marker holds, the variable is reported
+        return type(value).__name__
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _is_string_bool(value: Any) -> bool:
@@ -57,21 +125,29 @@ def type_problem(name: str, value: Any, spec: Mapping[str, Any]) -> str | None:
     want = spec.get("type", "str")
     if value is None:
         return None
+    secret = is_secret(name, spec)
+
+    def show(v: Any) -> str:
+        return "(a secret, not shown)" if secret else shown(v)
+
     if want == "bool" and _is_string_bool(value):
-        return f"{name} is the string {value!r}; write it without quotes ({value.strip().lower()}) so it is a boolean."
+        hint = "" if secret else f" ({value.strip().lower()})"
+        return f"{name} is the string {show(value)}; write it without quotes{hint} so it is a boolean."
     if want in ("int", "float") and isinstance(value, bool):
-        return f"{name} must be a number, not the boolean {value}."
+        return f"{name} must be a number, not the boolean {show(value)}."
     if want in ("int", "float") and isinstance(value, str):
-        return f"{name} is the string {value!r}; it must be a number: write it without quotes."
+        return f"{name} is the string {show(value)}; it must be a number: write it without quotes."
     if not isinstance(value, _TYPES.get(want, (object,))):
-        return f"{name} must be a {want}, but the inventory gives {type(value).__name__} {value!r}."
+        scalar = yaml_type(value) in ("int", "float", "bool")
+        quote = " (quote it so YAML reads a string)" if want in ("str", "path") and scalar else ""
+        return f"{name} must be a {want}, but the inventory gives {yaml_type(value)} {show(value)}{quote}."
     choices = spec.get("choices")
     if choices:
         # A list option's choices apply to each element.
         values = value if want == "list" else [value]
         bad = [v for v in values if v not in choices]
         if bad:
-            what = f"has {bad[0]!r}" if want == "list" else f"is {value!r}"
+            what = f"has {show(bad[0])}" if want == "list" else f"is {show(value)}"
             return f"{name} {what}; it must be one of: {', '.join(map(str, choices))}."
     return None
 
@@ -150,6 +226,7 @@ def inventory_problems(
     prefixes = tuple(sorted({f"{spec['role']}_" for spec in specs.values()}))
     removed = REMOVED if removed is None else removed
     problems: list[str] = []
+    unknown = 0
     if not hostvars.get("ansible_host") and host not in ("localhost", "127.0.0.1"):
         problems.append("no ansible_host: give the node's address in the inventory.")
     for name in sorted(hostvars):
@@ -159,13 +236,22 @@ def inventory_problems(
         if not name.startswith(prefixes) or name.startswith("_"):
             continue
         if name not in specs:
-            close = difflib.get_close_matches(name, list(specs), n=1)
+            unknown += 1
+            # Suggestions cost a comparison with every known name: only for the first few.
+            close = difflib.get_close_matches(name, list(specs), n=1) if unknown <= MAX_SUGGESTIONS else []
             hint = f" Did you mean {close[0]}?" if close else ""
             problems.append(f"{name} is not a variable of any role.{hint}")
             continue
         value = hostvars[name]
         if isinstance(value, jinja2.Undefined):
-            continue  # refers to a role default: the role's own argument spec checks it on entry
+            failure = template_failure(value)
+            if failure is not None:
+                shown = "" if is_secret(name, specs[name]) else f" ({failure[:200]})"
+                problems.append(
+                    f"{name} is a template that cannot be rendered{shown}; fix it (its Jinja, or the vault password)."
+                )
+            # Otherwise it refers to a role default: the role's own argument spec checks it on entry.
+            continue
         problem = type_problem(name, value, specs[name])
         if problem:
             problems.append(problem)

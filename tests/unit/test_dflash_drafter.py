@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -460,3 +461,72 @@ def test_fuzz_random_drafter_shapes_never_traceback(tmp_path):
             outcomes["refused"] += 1
     assert outcomes["refused"] > 1500
     assert outcomes["ok"] > 0
+
+
+# ------------------------------------------------------------------ hostile inputs (issue 23, items 5, 8 and 9)
+
+
+def test_a_huge_layer_index_is_refused_without_allocating(tmp_path):
+    t = _tiny(tmp_path)
+    t["layers.1000000000000.mlp.up_proj.weight"] = ("F16", (128, 64))
+    with refuses("drafter tensor layers.1000000000000.mlp.up_proj.weight names layer 1000000000000 but the file"):
+        infer_drafter(t, target_vocab=1000)
+    t = _tiny(tmp_path)
+    t["layers." + "9" * 4400 + ".x"] = ("F16", (1,))
+    with refuses("names layer 99999999999999999999... (4400 digits) but the file has only"):
+        infer_drafter(t, target_vocab=1000)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ('"rope_theta": NaN', "is not valid JSON (NaN is not a JSON number"),
+        ('"rope_theta": 1e400', "has rope_theta inf; it must be a finite number"),
+        ('"rope_theta": 10000, "rms_norm_eps": -Infinity', "is not valid JSON (-Infinity is not a JSON number"),
+        ('"rope_theta": 10000, "rms_norm_eps": 1e999', "has an invalid rms_norm_eps inf; it must be a finite number"),
+    ],
+)
+def test_refuse_non_finite_numbers_in_the_target_config(tmp_path, extra, message):
+    base = '"hidden_size": 64, "num_hidden_layers": 8, "vocab_size": 9, "max_position_embeddings": 9'
+    (tmp_path / "config.json").write_text("{" + base + ", " + extra + "}")
+    with refuses(message):
+        read_target(str(tmp_path))
+
+
+def test_rendered_config_is_strict_json():
+    from ansible.module_utils.dflash_drafter import render
+
+    with refuses("would hold a number that is not finite"):
+        render({"rope_scaling": {"factor": float("inf")}})
+
+
+def test_deeply_nested_or_oversized_target_files_are_named(tmp_path):
+    (tmp_path / "config.json").write_text("[" * 50000 + "]" * 50000)
+    with refuses(f"target config {tmp_path / 'config.json'} is nested 50000 levels deep"):
+        read_target(str(tmp_path))
+    (tmp_path / "config.json").unlink()
+    os.mkfifo(tmp_path / "config.json")
+    with refuses("config.json is not a regular file (a FIFO)"):
+        read_target(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("tokenizer.json", {"model": {"vocab": {"a": 0}}, "added_tokens": 5}, "added_tokens is int, not a list"),
+        ("tokenizer.json", {"model": {"vocab": {"a": 0}}, "added_tokens": True}, "added_tokens is bool, not a list"),
+        ("tokenizer_config.json", {"added_tokens_decoder": {"\u0661\u0662": {}}}, "is not a token id"),
+        ("tokenizer_config.json", {"added_tokens_decoder": {"\u00b2": {}}}, "is not a token id"),
+        ("tokenizer_config.json", {"added_tokens_decoder": {"9" * 4301: {}}}, "is not a token id"),
+    ],
+)
+def test_malformed_tokenizer_files_are_refused_not_raised(tmp_path, name, content, message):
+    import json as _json
+
+    from ansible.module_utils.dflash_drafter import find_mask_token_id
+
+    (tmp_path / "tokenizer.json").write_text(_json.dumps({"model": {"vocab": {"a": 0}}}))
+    (tmp_path / "vocab.json").write_text(_json.dumps({"a": 0}))
+    (tmp_path / name).write_text(_json.dumps(content))
+    with refuses(message):
+        find_mask_token_id(str(tmp_path))

@@ -209,3 +209,73 @@ def test_safetensors_info_module_fails_cleanly(tmp_path, capsys):
     out = run(safetensors_info, {"path": str(tmp_path / "x.safetensors")}, capsys)
     assert out["failed"] is True
     assert "exceeds the 104857600-byte limit" in out["msg"]
+
+
+# ------------------------------------------------------------------ hostile drafter directory (issue 23, items 1 and 3)
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_symlink_or_fifo_at_config_json_is_refused_and_nothing_disclosed(lab, capsys, tmp_path, kind):
+    drafter, target = lab
+    secret = tmp_path / "root-only"
+    secret.write_text("root-only secret\n")
+    os.chmod(secret, 0o600)
+    dest = drafter / "config.json"
+    if kind == "symlink":
+        dest.symlink_to(secret)
+    else:
+        os.mkfifo(dest)
+    out = run(dflash_config, {**args(drafter, target), "_ansible_check_mode": True, "_ansible_diff": True}, capsys)
+    assert out["failed"] is True
+    what = "is a symlink; it is read only as a regular file" if kind == "symlink" else "is not a regular file (a FIFO)"
+    assert out["msg"].startswith(f"the existing {dest} {what}")
+    assert out["msg"].endswith("nothing was read or written (dest must be a regular config.json)")
+    assert "secret" not in json.dumps(out)
+    assert secret.read_text() == "root-only secret\n"
+    assert listing(drafter) == ["config.json", "model.safetensors"]
+
+
+def test_the_write_and_its_backup_go_through_fresh_files_only(lab, capsys, monkeypatch):
+    drafter, target = lab
+    (drafter / "config.json").write_text('{"hand": "written"}\n')
+    seen = []
+    real_open = os.open
+
+    def spy(path, flags, *a, **kw):
+        if flags & os.O_CREAT:
+            seen.append((os.path.basename(path), bool(flags & os.O_EXCL), bool(flags & os.O_NOFOLLOW)))
+        return real_open(path, flags, *a, **kw)
+
+    monkeypatch.setattr(os, "open", spy)
+    out = run(dflash_config, {**args(drafter, target), "backup": True}, capsys)
+    monkeypatch.undo()
+    assert out["changed"] is True, out
+    assert len(seen) == 2
+    assert all(excl and nofollow for _, excl, nofollow in seen)
+    assert Path(out["backup_file"]).read_text() == '{"hand": "written"}\n'
+    assert listing(drafter) == ["config.json", os.path.basename(out["backup_file"]), "model.safetensors"]
+
+
+@pytest.mark.parametrize(("name", "value", "what"), [("dest", "", "is empty"), ("target", "/a\x00b", "holds a NUL")])
+def test_empty_or_nul_paths_are_refused(lab, capsys, name, value, what):
+    drafter, target = lab
+    out = run(dflash_config, {**args(drafter, target), name: value}, capsys)
+    assert out["failed"] is True
+    assert out["msg"].startswith(f"{name} {what}")
+    assert listing(drafter) == ["model.safetensors"]
+
+
+def test_a_full_disk_is_a_message_and_the_old_config_survives(lab, capsys, monkeypatch):
+    import errno
+
+    drafter, target = lab
+    (drafter / "config.json").write_text("old\n")
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(dflash_config, "atomic_write", full)
+    out = run(dflash_config, args(drafter, target), capsys)
+    assert out["failed"] is True
+    assert out["msg"] == f"cannot write {drafter / 'config.json'}: No space left on device; it was left as it was"
+    assert (drafter / "config.json").read_text() == "old\n"

@@ -282,6 +282,12 @@ def test_bad_thresholds_fail_with_the_reason(node, capsys, thresholds, message):
     assert result["msg"] == message
 
 
+def test_a_zero_timeout_is_refused_not_taken_as_none(node, capsys):
+    result = run(nvidia_gpu_facts, {**node.args(), "timeout": 0}, capsys)
+    assert result["failed"] is True
+    assert result["msg"] == "timeout must be at least 1 second, got 0 (0 would mean none)."
+
+
 # --------------------------------------------------------------------------- host side
 
 

@@ -190,3 +190,80 @@ def test_the_three_names_of_the_drafter_directory_must_agree() -> None:
         " to the same path."
     ]
     assert _problems(model_stage_dest=moved, drafter_config_drafter_dir=moved, service_swap_drafter_dir=moved) == []
+
+
+# --- never echo a secret; bounded, YAML-named values (issue 23, item 2) -----------------------
+
+
+def _tagged(value):
+    """A value as ansible-core 2.19+ hands it to the filter: tagged with its origin."""
+    from ansible._internal._datatag._tags import Origin
+
+    return Origin(path="/inventory/hosts.yml", line_num=3).tag(value)
+
+
+@pytest.mark.parametrize(
+    ("name", "spec"),
+    [
+        ("service_swap_api_key", {"type": "str", "no_log": True}),
+        ("demo_role_api_key", {"type": "str"}),
+        ("demo_role_password", {"type": "str"}),
+        ("demo_role_hf_token", {"type": "str"}),
+        ("demo_role_client_secret", {"type": "str"}),
+        ("demo_role_plain", {"type": "str", "no_log": True}),
+    ],
+)
+def test_a_secret_value_is_never_echoed(name, spec) -> None:
+    problem = type_problem(name, _tagged(918273645501), spec)
+    assert problem == (
+        f"{name} must be a str, but the inventory gives int (a secret, not shown) (quote it so YAML reads a string)."
+    )
+    assert "918273645501" not in problem
+    assert "918273" not in str(type_problem(name, _tagged("yes"), {**spec, "type": "bool"}))
+
+
+def test_type_names_are_yaml_names_not_ansible_core_classes() -> None:
+    assert type_problem("x", _tagged(5), {"type": "list"}) == "x must be a list, but the inventory gives int 5."
+    assert type_problem("x", _tagged([1]), {"type": "str"}) == "x must be a str, but the inventory gives list [1]."
+    assert type_problem("x", _tagged({"a": 1}), {"type": "list"}) == (
+        "x must be a list, but the inventory gives dict {'a': 1}."
+    )
+    assert type_problem("x", _tagged(True), {"type": "dict"}) == "x must be a dict, but the inventory gives bool True."
+
+
+def test_echoed_values_are_capped() -> None:
+    long = type_problem("x", _tagged("a" * 5000), {"type": "str", "choices": ["a"]})
+    assert long == "x is '" + "a" * 56 + "...; it must be one of: a."
+    huge = type_problem("x", 10**5000, {"type": "str"})
+    assert (
+        huge == "x must be a str, but the inventory gives int <int too long to show> (quote it so YAML reads a string)."
+    )
+    assert len(type_problem("x", list(range(10000)), {"type": "str"})) < 120
+
+
+def test_the_repository_spec_marks_the_api_key_no_log() -> None:
+    specs = load_specs(str(Path(__file__).resolve().parents[2] / "roles"))
+    hv = {"ansible_host": "10.0.0.5", "service_swap_api_key": _tagged(123456789)}
+    problems = inventory_problems(hv, "gpu1", str(Path(__file__).resolve().parents[2] / "roles"))
+    assert specs["service_swap_api_key"]["no_log"] is True
+    assert problems == [
+        "gpu1: service_swap_api_key must be a str, but the inventory gives int (a secret, not shown)"
+        " (quote it so YAML reads a string)."
+    ]
+
+
+def test_a_missing_roles_directory_fails_closed(tmp_path: Path) -> None:
+    with pytest.raises(
+        ValueError, match=r"no roles/\*/meta/argument_specs.yml under .*: the inventory cannot be checked"
+    ):
+        inventory_problems({"ansible_host": "h"}, "gpu1", str(tmp_path / "nope"))
+
+
+def test_many_unknown_variables_stay_fast(roles: str) -> None:
+    import time
+
+    hv = {"ansible_host": "h", **{f"demo_role_typo{i}": 1 for i in range(20000)}}
+    started = time.monotonic()
+    problems = inventory_problems(hv, "gpu1", roles)
+    assert time.monotonic() - started < 5
+    assert len(problems) == 20000

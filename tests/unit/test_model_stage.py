@@ -771,3 +771,155 @@ def test_a_waiting_run_locks_the_directory_swapped_in_meanwhile(tmp_path):
         exchange_paths(str(other), str(dest))
     waiter.join(10)
     assert seen == ["locked"]
+
+
+# ------------------------------------------------------------------ hostile destination (issue 23, items 1 and 4)
+
+
+@pytest.fixture
+def outside(tmp_path):
+    """A root-owned file outside the destination that the service account would like to own."""
+    path = tmp_path / "etc-sudoers.d-x"
+    path.write_bytes(b"root ALL=(ALL) ALL\n")
+    os.chmod(path, 0o600)
+    return path
+
+
+def untouched(path):
+    st = path.stat()
+    return path.read_bytes(), st.st_uid, st.st_gid, st.st_mode & 0o7777
+
+
+def hostile(src, dest):
+    return base(src, dest, owner="nobody", group=grp.getgrgid(pwd.getpwnam("nobody").pw_gid).gr_name)
+
+
+def test_symlinks_planted_at_temp_and_final_names_are_never_written_through(src, tmp_path, capsys, outside):
+    dest = tmp_path / "dest"
+    args = {**hostile(src, dest), "files": [manifest(src)]}
+    planned = call({**args, "step": "plan"}, capsys)
+    before = untouched(outside)
+    # The names the old code wrote through (a fixed temp name for the sidecar), and the final names.
+    for name in (".model_stage-.model_stage.json.write.part", ".model_stage.json"):
+        (dest / name).symlink_to(outside)
+    transfer(planned)
+    done = call({**args, "step": "commit", "files": commit_files(planned)}, capsys)
+    assert done["changed"] is True, done
+    assert untouched(outside) == before
+    assert not (dest / ".model_stage.json").is_symlink()
+    side = json.loads((dest / ".model_stage.json").read_text())
+    assert side["files"]["model.safetensors"]["sha256"] == sha(src)
+    again = call({**args, "step": "plan"}, capsys)
+    assert "remove .model_stage-.model_stage.json.write.part (not a regular file" in " ".join(again["actions"])
+    assert not os.path.lexists(dest / ".model_stage-.model_stage.json.write.part")
+    assert untouched(outside) == before
+
+
+def test_a_symlink_at_the_transfer_temp_is_refused_and_its_target_keeps_its_owner(src, tmp_path, capsys, outside):
+    dest = tmp_path / "dest"
+    args = {**hostile(src, dest), "files": [manifest(src)]}
+    planned = call({**args, "step": "plan"}, capsys)
+    temp = Path(planned["transfers"][0]["temp"])
+    before = untouched(outside)
+    temp.symlink_to(outside)
+    out = call({**args, "step": "commit", "files": commit_files(planned, {"model.safetensors": sha(src)})}, capsys)
+    assert out["failed"] is True
+    assert out["msg"] == (
+        f"model.safetensors: the transferred file {temp} is a symlink; it is read only as a regular file: remove"
+        " the link and run again (nothing was replaced)"
+    )
+    assert untouched(outside) == before
+    assert not os.path.lexists(dest / "model.safetensors")
+
+
+def test_a_hard_link_at_the_transfer_temp_is_refused(src, tmp_path, capsys):
+    dest = tmp_path / "dest"
+    args = {**hostile(src, dest), "files": [manifest(src)]}
+    planned = call({**args, "step": "plan"}, capsys)
+    temp = Path(planned["transfers"][0]["temp"])
+    victim = tmp_path / "victim"
+    shutil.copyfile(src, victim)
+    os.link(victim, temp)
+    out = call({**args, "step": "commit", "files": commit_files(planned)}, capsys)
+    assert "has other hard links" in out["msg"]
+    assert victim.stat().st_uid == os.getuid()
+
+
+def test_plan_removes_a_fifo_or_symlink_planted_under_the_temp_prefix(src, tmp_path, capsys, outside):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    os.mkfifo(dest / ".model_stage-fifo.part")
+    (dest / ".model_stage-link").symlink_to(outside)
+    out = call({**hostile(src, dest), "step": "plan", "files": [manifest(src)]}, capsys)
+    assert out.get("failed") is None, out
+    assert not os.path.lexists(dest / ".model_stage-fifo.part")
+    assert not os.path.lexists(dest / ".model_stage-link")
+    assert outside.exists()
+
+
+def test_remote_copy_never_writes_through_a_symlink_at_its_temp(src, tmp_path, capsys, outside):
+    dest = tmp_path / "dest"
+    args = {**hostile(src, dest), "remote_src": True}
+    planned = call({**args, "step": "plan"}, capsys)
+    temp = Path(planned["transfers"][0]["temp"])
+    before = untouched(outside)
+    temp.symlink_to(outside)
+    files = [{**t, "kind": "transfer"} for t in planned["transfers"]]
+    copied = call({**args, "step": "copy", "files": files}, capsys)
+    assert copied["digests"] == {"model.safetensors": sha(src)}
+    assert untouched(outside) == before
+    assert not temp.is_symlink()
+    assert temp.stat().st_mode & 0o7777 == 0o600
+
+
+def test_remote_copy_refuses_a_source_rewritten_during_the_copy(src, tmp_path, capsys, monkeypatch):
+    dest = tmp_path / "dest"
+    args = {**base(src, dest), "remote_src": True}
+    planned = call({**args, "step": "plan"}, capsys)
+    real_fsync = os.fsync
+
+    def rewrite_then_fsync(fd):
+        # The source is rewritten (same size, new inode) while the copy runs.
+        data = src.read_bytes()
+        src.unlink()
+        src.write_bytes(data)
+        os.utime(src, (planned["transfers"][0]["mtime"], planned["transfers"][0]["mtime"]))
+        real_fsync(fd)
+
+    monkeypatch.setattr(safetensors_stage.os, "fsync", rewrite_then_fsync)
+    files = [{**t, "kind": "transfer"} for t in planned["transfers"]]
+    out = call({**args, "step": "copy", "files": files}, capsys)
+    monkeypatch.undo()
+    assert out["failed"] is True
+    assert out["msg"] == (
+        f"{src} changed while it was copied (size, modification time or inode differ before and after); nothing"
+        " was committed: run the play again once the source is complete"
+    )
+    assert not os.path.lexists(planned["transfers"][0]["temp"])
+    assert not os.path.lexists(dest / "model.safetensors")
+
+
+def test_follow_never_reads_through_a_link_or_a_fifo_at_the_temp(tmp_path, outside):
+    link, fifo = tmp_path / "link.part", tmp_path / "fifo.part"
+    link.symlink_to(outside)
+    os.mkfifo(fifo)
+    assert safetensors_stage._follow_one(str(link), outside.stat().st_size, 1.0) is None
+    assert safetensors_stage._follow_one(str(fifo), 10, 1.0) is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"dest": ""}, "dest is empty; give the path of the directory"),
+        ({"src": "/a\x00b"}, "src holds a NUL character, which no path can hold; check model_stage_src"),
+        (
+            {"space_margin": -1},
+            "space_margin is -1; it must be 0 or more bytes (a negative margin would turn the free-space check off)",
+        ),
+    ],
+)
+def test_settings_no_staging_can_work_with_are_refused_up_front(src, tmp_path, capsys, extra, message):
+    out = call({**base(src, tmp_path / "dest"), "step": "plan", "files": [manifest(src)], **extra}, capsys)
+    assert out["failed"] is True
+    assert out["msg"] == message
+    assert not (tmp_path / "dest").exists()

@@ -502,3 +502,17 @@ def test_stale_uvm_major_and_absent_source_fail():
         "lxc.mount.entry for /dev/nvidia-uvm (line 7) binds a node with major 237 but the host's nvidia-uvm "
         "major is 238 (/proc/devices): recreate the node and fix the allow line.",
     ]
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "9" * 5000, "nan", str(2**70)])
+def test_numbers_nvidia_smi_cannot_report_are_parse_errors_not_crashes(value):
+    """inf, 1e400 or huge numbers gave OverflowError (issue 23, LOW)."""
+    line = (X1 / "query-gpu-noheader.csv").read_text().splitlines()[0].split(", ")
+    line[ng.QUERY_GPU_FIELDS.index("memory.total")] = value
+    with pytest.raises(ng.NvidiaParseError, match="expected a number"):
+        ng.parse_query_gpu(", ".join(line) + "\n")
+
+
+@pytest.mark.parametrize("rc", [124, 137, -9])
+def test_a_hang_that_ignores_sigterm_is_a_timeout(rc):
+    assert ng.classify_nvidia_smi_failure("", rc, "nvidia-smi")["kind"] == "timeout"

@@ -45,3 +45,20 @@ def test_a_typo_in_a_copy_of_it_is_caught(tmp_path: Path) -> None:
     assert res.returncode != 0
     assert "ct1: gpu_check_gpu_cuont is not a variable of any role. Did you mean gpu_check_gpu_count?" in res.stdout
     assert "ct1: gpu_check_enforce is the string 'yes'; write it without quotes (yes) so it is a boolean." in res.stdout
+
+
+def test_a_template_that_cannot_render_is_caught_but_an_undefined_name_is_left_to_the_role(tmp_path: Path) -> None:
+    """Issue 23, LOW: templates that failed to render passed validation."""
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(
+        "all:\n  children:\n    gpu_nodes:\n      hosts:\n        ct1:\n          ansible_host: 192.0.2.1\n"
+        "          gpu_check_gpu_count: '{{ 1 +* 2 }}'\n          gpu_check_enforce: '{{ a_role_default }}'\n"
+    )
+    res = validate(inv, tmp_path / "reports")
+    assert res.returncode != 0
+    assert (
+        "ct1: gpu_check_gpu_count is a template that cannot be rendered (Syntax error in template: unexpected '*');"
+        " fix it (its Jinja, or the vault password)."
+    ) in res.stdout
+    assert "gpu_check_enforce" not in res.stdout.split("fatal:")[1].split("PLAY RECAP")[0]

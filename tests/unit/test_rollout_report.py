@@ -146,3 +146,26 @@ def test_a_failed_batch_leaves_later_hosts_not_reached_in_the_json_report(tmp_pa
     assert hosts["n2"]["report"] == {"service_swap": {"serving": "sglang", "rolled_back": True}}
     assert [e["msg"] for e in hosts["n2"]["errors"]] == ["acceptance under the floor", "rolled back to SGLang"]
     assert "n3    not reached" in run.stdout
+
+
+def test_a_malformed_report_entry_does_not_break_the_table() -> None:
+    """Issue 23, LOW: a report whose role sections are not mappings broke the summary."""
+    hosts = {
+        "n1": {"outcome": "ok", "report": {"service_swap": "oops", "gpu_check": ["x"]}, "errors": []},
+        "n2": {"outcome": "ok", "report": {"service_swap": {"mean_acceptance_length": 2.5, "serving": ""}}},
+    }
+    assert summary_rows(hosts) == [
+        ("n1", "ok", "-", "-", "-", "-", ""),
+        ("n2", "ok", "-", "-", "2.50", "-", ""),
+    ]
+
+
+def test_two_runs_in_the_same_second_keep_both_reports(tmp_path: Path) -> None:
+    from rollout_report import write_report
+
+    first = write_report(tmp_path, "site-20261201T000000Z", '{"run": 1}')
+    second = write_report(tmp_path, "site-20261201T000000Z", '{"run": 2}')
+    assert (first.name, second.name) == ("site-20261201T000000Z.json", "site-20261201T000000Z-2.json")
+    assert first.read_text() == '{"run": 1}\n'
+    assert second.read_text() == '{"run": 2}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, second.name])

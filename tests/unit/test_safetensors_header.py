@@ -260,7 +260,13 @@ HOSTILE = [
         None,
         "whole bytes",
     ),
-    ("huge shape", json.dumps({"w": _entry(shape=(2**62, 2**62))}).encode(), 8, None, "data_offsets span 8"),
+    (
+        "huge shape",
+        json.dumps({"w": _entry(shape=(2**62, 2**62))}).encode(),
+        8,
+        None,
+        "has more elements than any file can hold",
+    ),
 ]
 
 
@@ -398,3 +404,44 @@ def test_header_around_the_first_read(tmp_path, extra):
     path = write_raw(tmp_path / "p.safetensors", header, 8)
     fh = read_file_header(str(path))
     assert (fh.header_len, fh.tensors["w"].shape) == (len(header), (2,))
+
+
+def test_a_fifo_as_a_weights_file_or_index_is_refused_without_hanging(tmp_path):
+    """A FIFO planted in the drafter directory hung the inspection (issue 23, LOW)."""
+    import os
+
+    from ansible.module_utils.safetensors_header import SafetensorsError, read_file_header
+
+    os.mkfifo(tmp_path / "model.safetensors")
+    with pytest.raises(SafetensorsError, match=r"model\.safetensors: not a regular file \(a FIFO"):
+        read_file_header(str(tmp_path / "model.safetensors"))
+
+
+def test_a_shape_product_past_any_file_size_is_refused_quickly_and_its_message_is_short():
+    """Thousands of digits crashed the message (int-to-str limit); a 900 KB header cost 17 s (issue 23, LOW)."""
+    import json as _json
+    import time as _time
+
+    from ansible.module_utils.safetensors_header import SafetensorsError, parse_header_bytes
+
+    shape = [10**4000] * 200
+    header = _json.dumps({"t": {"dtype": "F32", "shape": shape, "data_offsets": [0, 4]}}).encode()
+    assert len(header) > 800_000
+    started = _time.monotonic()
+    with pytest.raises(SafetensorsError, match=r"tensor 't' shape \[1000.*\.\.\. has more elements than any file"):
+        parse_header_bytes(header, 4, "x.safetensors")
+    assert _time.monotonic() - started < 2
+    wide = _json.dumps({"t": {"dtype": "F32", "shape": [2**40, 2**40], "data_offsets": [0, 4]}}).encode()
+    with pytest.raises(SafetensorsError, match="has more elements than any file can hold"):
+        parse_header_bytes(wide, 4, "x.safetensors")
+
+
+def test_a_lone_surrogate_in_a_tensor_name_is_refused_on_the_node():
+    """It passed the node and the controller refused the result (issue 23, LOW)."""
+    from ansible.module_utils.safetensors_header import SafetensorsError, parse_header_bytes
+
+    header = b'{"t\\ud800": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}'
+    with pytest.raises(SafetensorsError, match="holds a lone UTF-16 surrogate"):
+        parse_header_bytes(header, 4, "x.safetensors")
+    fine = b'{"t\\u00e9": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}'
+    assert list(parse_header_bytes(fine, 4, "x.safetensors")[0]) == ["t\u00e9"]

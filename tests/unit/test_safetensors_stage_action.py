@@ -115,3 +115,26 @@ def test_quick_check_command_fails_while_a_staging_directory_is_left_over(action
         else:
             assert res.returncode == 0
             assert res.stdout.endswith("--model-stage-sidecar--\n{}")
+
+
+@pytest.mark.parametrize("kind", ["zero", "fifo"])
+def test_quick_check_never_reads_a_sidecar_that_is_not_a_regular_file(action, tmp_path, kind):
+    """A sidecar symlinked to /dev/zero took the controller to its memory cap; a FIFO hung (issue 23, item 5)."""
+    dest = tmp_path / "drafter"
+    dest.mkdir()
+    if kind == "zero":
+        (dest / ".model_stage.json").symlink_to("/dev/zero")
+    else:
+        os.mkfifo(dest / ".model_stage.json")
+    res = subprocess.run(
+        ["sh", "-c", action.quick_check_command(str(dest))], capture_output=True, text=True, check=False, timeout=20
+    )
+    assert res.returncode == 1
+    assert res.stdout.endswith("--model-stage-sidecar--\n")
+
+
+def test_quick_check_refuses_an_oversized_or_deeply_nested_sidecar(action):
+    big = LISTING.split("--model-stage-sidecar--")[0] + "--model-stage-sidecar--\n" + " " * (64 * 1024 * 1024 + 1)
+    assert action.unchanged_on_node(big, SOURCES, ARGS) is None
+    deep = LISTING.replace(SIDECAR, "[" * 100000 + "]" * 100000)
+    assert action.unchanged_on_node(deep, SOURCES, ARGS) is None

@@ -218,3 +218,60 @@ def test_preflight_refuses_an_api_key_unfit_for_an_environment_file(dirs):
     assert res.returncode == 2
     assert "service_swap_api_key must be a string without whitespace, quotes or backslashes" in res.stdout
     assert "two words" not in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            '{"service_swap_served_model_name": "Qwen\\nExecStartPre=/bin/touch /tmp/pwned"}',
+            "service_swap_served_model_name holds a newline at position 4",
+        ),
+        (
+            '{"service_swap_extra_args": ["--x\\nExecStartPost=/bin/true"]}',
+            "service_swap_extra_args[0] holds a newline",
+        ),
+        (
+            '{"service_swap_extra_env": {"A": "1\\nExecStartPre=/bin/true"}}',
+            "service_swap_extra_env['A'] holds a newline",
+        ),
+    ],
+)
+def test_a_value_that_would_inject_unit_directives_is_refused_before_rendering(dirs, extra, message):
+    """Issue 23, item 7: a newline in one of these values used to inject real ExecStartPre= lines."""
+    dest = dirs["tmp"] / "vllm.service"
+    res = ansible(
+        dirs["tmp"],
+        "tests/gpu/render_unit.yml",
+        "-e",
+        "service_swap_vllm_executable=/opt/vllm/0.20.1/bin/vllm",
+        "-e",
+        f"service_swap_target_dir={dirs['dense']}",
+        "-e",
+        f"render_dest={dest}",
+        "-e",
+        extra,
+    )
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert message in res.stdout
+    assert "Nothing was written." in res.stdout
+    assert not dest.exists()
+
+
+def _open_api(dirs: dict[str, Path], *extra: str) -> subprocess.CompletedProcess:
+    play = dirs["tmp"] / "open_api.yml"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: open_api.yml}\n"
+    )
+    return ansible(dirs["tmp"], str(play), *extra)
+
+
+def test_an_empty_key_on_a_network_address_is_refused_unless_allowed(dirs):
+    """Issue 23, LOW: the default empty key on 0.0.0.0 served an open API."""
+    res = _open_api(dirs)
+    assert res.returncode == 2
+    assert "service_swap_vllm_host is '0.0.0.0' but service_swap_api_key is empty" in res.stdout
+    assert _open_api(dirs, "-e", '{"service_swap_allow_open_api": true}').returncode == 0
+    assert _open_api(dirs, "-e", "service_swap_vllm_host=127.0.0.1").returncode == 0
+    assert _open_api(dirs, "-e", "service_swap_api_key=sk-abc").returncode == 0

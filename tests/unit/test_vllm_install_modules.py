@@ -387,3 +387,14 @@ def test_list_venvs_reads_local_version_labels_and_ignores_other_names(tmp_path:
         VenvEntry("0.20.1+cu130", str(tmp_path / "0.20.1+cu130"), True, "a"),
         VenvEntry("0.22.0", str(tmp_path / "0.22.0"), False, ""),
     ]
+
+
+def test_a_hostile_marker_counts_as_no_marker(tmp_path):
+    """Deep nesting, a FIFO or a symlink at the marker: no RecursionError, no hang (issue 23, item 5)."""
+    from ansible.module_utils.vllm_venvs import read_marker
+
+    (tmp_path / MARKER).write_text("[" * 100000 + "]" * 100000)
+    assert read_marker(str(tmp_path)) is None
+    (tmp_path / MARKER).unlink()
+    os.mkfifo(tmp_path / MARKER)
+    assert read_marker(str(tmp_path)) is None

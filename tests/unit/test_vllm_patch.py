@@ -729,3 +729,139 @@ def test_ddtree_keeps_trees_on_gated_deltanet_hybrids_and_falls_back_on_mamba(pa
     )
     fn(dense)
     assert (dense.num_speculative_tokens, dense.ddtree_depth, dense.ddtree_budget) == (64, 15, 64)
+
+
+# --- a hostile venv and change set (issue 23, items 1 and 5) ---------------------
+
+
+def test_symlinks_planted_at_the_record_names_are_never_written_through(venv, capsys, tmp_path):
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"root-only\n")
+    os.chmod(outside, 0o600)
+    for name in ("vllm-changeset.json", "vllm-changeset.json.tmp"):
+        (venv / name).symlink_to(outside)
+    applied = run_module({"venv": str(venv), "changeset_root": ROOT}, capsys)
+    assert applied["changed"] is True, applied
+    assert outside.read_bytes() == b"root-only\n"
+    assert (outside.stat().st_uid, outside.stat().st_mode & 0o7777) == (0, 0o600)
+    assert not (venv / "vllm-changeset.json").is_symlink()
+    assert json.loads((venv / "vllm-changeset.json").read_text())["patchset"] == "ddtree"
+
+
+def test_a_site_packages_write_never_follows_a_planted_temp(venv, tmp_path, monkeypatch):
+    """mkstemp's names were random already; the new file is still created O_EXCL|O_NOFOLLOW."""
+    flags_seen = []
+    real_open = os.open
+
+    def spy(path, flags, *a, **kw):
+        if flags & os.O_CREAT:
+            flags_seen.append(flags)
+        return real_open(path, flags, *a, **kw)
+
+    monkeypatch.setattr(os, "open", spy)
+    cs.execute(cs.plan(changeset(), str(site_of(venv)), cs.PRESENT))
+    monkeypatch.undo()
+    assert len(flags_seen) == 11
+    assert all(f & os.O_EXCL and f & os.O_NOFOLLOW for f in flags_seen)
+
+
+def test_deeply_nested_or_huge_manifests_are_refused_naming_the_file(tmp_path):
+    root = tmp_path / "files"
+    (root / "vllm-0.20.1").mkdir(parents=True)
+    path = root / "vllm-0.20.1" / "manifest.json"
+    path.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(cs.ChangeSetError, match=rf"^{path} is nested 100000 levels deep \(at most 64\)"):
+        cs.load_changeset(str(root), "0.20.1", "ddtree")
+    path.write_bytes(b"{" + b" " * (5 * 1024 * 1024) + b"}")
+    with pytest.raises(cs.ChangeSetError, match=rf"^{path} is larger than 4194304 bytes"):
+        cs.load_changeset(str(root), "0.20.1", "ddtree")
+
+
+def test_a_fifo_where_a_vllm_file_should_be_is_refused(venv):
+    target = site_of(venv) / "vllm/config/vllm.py"
+    target.unlink()
+    os.mkfifo(target)
+    with pytest.raises(cs.ChangeSetError, match=r"vllm\.py is not a regular file \(a FIFO\).*reinstall vLLM"):
+        cs.plan(changeset(), str(site_of(venv)), cs.PRESENT)
+
+
+@pytest.mark.parametrize("files", [5, {"a": 1}, ["x"], [5]])
+def test_malformed_manifest_shapes_are_refused_not_raised(tmp_path, files):
+    root = tmp_path / "files"
+    (root / "vllm-0.20.1").mkdir(parents=True)
+    manifest = {"format": 1, "patchset": "ddtree", "vllm_version": "0.20.1", "files": files}
+    (root / "vllm-0.20.1" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(cs.ChangeSetError, match=r"'files' must be a list of objects"):
+        cs.load_changeset(str(root), "0.20.1", "ddtree")
+
+
+def test_a_non_utf8_manifest_or_diff_is_refused(tmp_path):
+    root = tmp_path / "files"
+    (root / "vllm-0.20.1").mkdir(parents=True)
+    path = root / "vllm-0.20.1" / "manifest.json"
+    path.write_bytes(b'{"format": 1, "x": "\xff"}')
+    with pytest.raises(cs.ChangeSetError, match="is not UTF-8 text"):
+        cs.load_changeset(str(root), "0.20.1", "ddtree")
+    (root / "d.diff").write_bytes(b"\xff\xfe")
+    manifest = {
+        "format": 1,
+        "patchset": "ddtree",
+        "vllm_version": "0.20.1",
+        "files": [{"path": "vllm/x.py", "kind": "patch", "diff": "d.diff"}],
+    }
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(cs.ChangeSetError, match=r"d\.diff is not UTF-8 text"):
+        cs.load_changeset(str(root), "0.20.1", "ddtree")
+
+
+def test_a_failed_record_write_is_a_message_not_a_traceback(venv, capsys, monkeypatch):
+    import errno
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(vllm_patch, "atomic_write", full)
+    out = run_module({"venv": str(venv), "changeset_root": ROOT}, capsys)
+    assert out["failed"] is True
+    assert out["msg"] == (
+        f"vLLM was patched but its record {venv / 'vllm-changeset.json'} could not be written (No space left on"
+        " device); free space or fix the venv's permissions and run again"
+    )
+
+
+def test_a_record_lost_after_patching_is_written_by_the_next_run(venv, capsys):
+    """Issue 23, LOW: a failed record write after patching was never rewritten."""
+    args = {"venv": str(venv), "changeset_root": ROOT}
+    first = run_module(args, capsys)
+    record_path = venv / "vllm-changeset.json"
+    good = record_path.read_text()
+    record_path.unlink()
+    checked = run_module(args, capsys, check=True)
+    assert checked["changed"] is True
+    assert checked["changed_files"] == []
+    assert not record_path.exists()
+    again = run_module(args, capsys)
+    assert again["changed"] is True
+    assert record_path.read_text() == good
+    assert run_module(args, capsys)["changed"] is False
+    assert first["changed"] is True
+
+
+def test_a_write_that_failed_is_not_restored_so_a_good_rollback_says_so(venv, monkeypatch):
+    """Issue 23, LOW: 'restoring failed' was reported for the file whose write had failed, untouched."""
+    site = site_of(venv)
+    before = snapshot(site)
+    the_plan = cs.plan(changeset(), str(site), cs.PRESENT)
+    real = cs._atomic_write
+    failing = site / the_plan.actions[1].path
+
+    def readonly_there(target, data, mode):
+        if target == failing:
+            raise OSError(30, "Read-only file system")
+        real(target, data, mode)
+
+    monkeypatch.setattr(cs, "_atomic_write", readonly_there)
+    with pytest.raises(cs.ChangeSetError, match="every file was put back as it was"):
+        cs.execute(the_plan, write=readonly_there)
+    after = snapshot(site)
+    assert {k: v[0] for k, v in after.items()} == {k: v[0] for k, v in before.items()}

@@ -1,0 +1,180 @@
+"""Write and read back files safely in directories another account may own.
+
+The modules run as root in directories the service account owns (a model directory, a venv).
+That account can plant a symlink, a FIFO or a hard link at any name there, so:
+
+- a file is written only through a new temporary name created with ``O_CREAT | O_EXCL |
+  O_NOFOLLOW`` relative to a descriptor of its directory; owner and mode are set on the
+  descriptor, the data is fsynced and the temporary name renamed over the final one (a rename
+  replaces a symlink, never writes through it);
+- a file is read only as a regular file opened with ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO does not
+  hang the open, a symlink is refused), at most a bounded number of bytes;
+- JSON read back is bounded in size and depth and named in every error.
+
+Standard library only (runs on managed nodes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import stat
+from typing import Any
+
+MAX_JSON_BYTES = 16 * 1024 * 1024
+MAX_JSON_DEPTH = 64
+
+
+class UnsafeFileError(ValueError):
+    """A file cannot be read or written safely; the message names it and says what to do."""
+
+
+def atomic_write(
+    path: str,
+    data: bytes | str,
+    mode: int = 0o644,
+    owner: tuple[int, int] | None = None,
+    prefix: str = ".tmp-",
+    suffix: str = ".tmp",
+) -> None:
+    """Replace ``path`` with ``data`` in one rename, never following a link planted in its directory.
+
+    ``owner`` (uid, gid) and ``mode`` are set on the new file's descriptor before it gets its name.
+    On any failure the temporary file is removed and ``path`` is left as it was.
+    """
+    directory, name = os.path.split(path)
+    if not name:
+        raise UnsafeFileError(f"{path!r} is not a file path; give the path of the file to write")
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    dfd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd, tmp = _create_temp(dfd, name, prefix, suffix)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                if owner is not None:
+                    os.fchown(fh.fileno(), owner[0], owner[1])
+                os.fchmod(fh.fileno(), mode)
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _create_temp(dfd: int, name: str, prefix: str, suffix: str) -> tuple[int, str]:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        tmp = f"{prefix}{name}.{secrets.token_hex(8)}{suffix}"
+        try:
+            return os.open(tmp, flags, 0o600, dir_fd=dfd), tmp
+        except FileExistsError:
+            continue
+    raise UnsafeFileError(f"no free temporary name for {name} after 100 tries; remove {prefix}* files beside it")
+
+
+def open_regular(path: str, what: str = "", follow: bool = False) -> int:
+    """A read-only descriptor of ``path`` if it is a regular file (not a symlink, FIFO, device or directory).
+
+    ``follow``: a symlink to a regular file is accepted (for files only read, never written
+    through). FileNotFoundError passes through; everything else unsafe is an UnsafeFileError.
+    """
+    label = what or path
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if not follow and os.path.islink(path):
+            raise UnsafeFileError(
+                f"{label} is a symlink; it is read only as a regular file: remove the link and run again"
+            ) from None
+        raise UnsafeFileError(f"{label}: cannot be opened ({exc.strerror or exc})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UnsafeFileError(
+            f"{label} is not a regular file ({_kind(st.st_mode)}); remove it or put the real file there and run again"
+        )
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a plain file"
+
+
+def read_regular(path: str, limit: int, what: str = "", follow: bool = False) -> bytes:
+    """At most ``limit`` bytes of the regular file ``path``; a bigger file is refused, naming it."""
+    label = what or path
+    fd = open_regular(path, label, follow)
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise UnsafeFileError(f"{label}: cannot be read ({exc.strerror or exc})") from None
+    if len(data) > limit:
+        raise UnsafeFileError(f"{label} is larger than {limit} bytes, more than such a file ever holds; check it")
+    return data
+
+
+def loads_json(text: str | bytes, what: str, max_depth: int = MAX_JSON_DEPTH, **kwargs: Any) -> Any:
+    """``json.loads`` that names ``what`` in its errors and refuses nesting deeper than ``max_depth``.
+
+    Raises UnsafeFileError for invalid JSON, non-UTF-8 bytes, too deep nesting and NaN/Infinity.
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UnsafeFileError(f"{what} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    depth = json_depth(text)
+    if depth > max_depth:
+        raise UnsafeFileError(f"{what} is nested {depth} levels deep (at most {max_depth}); it is not such a file")
+    try:
+        return json.loads(text, parse_constant=_no_constant, **kwargs)
+    except RecursionError:
+        raise UnsafeFileError(f"{what} is nested too deeply to read; it is not such a file") from None
+    except ValueError as exc:
+        raise UnsafeFileError(f"{what} is not valid JSON ({exc})") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in ``text`` (brackets inside strings not counted)."""
+    depth = deepest = 0
+    for ch in _BRACKETS.findall(_STRING.sub("", text)):
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def read_json(path: str, limit: int = MAX_JSON_BYTES, what: str = "", **kwargs: Any) -> Any:
+    """The JSON value in the regular file ``path``, read bounded and checked (see loads_json)."""
+    label = what or path
+    return loads_json(read_regular(path, limit, label), label, **kwargs)
