@@ -1,5 +1,6 @@
 """The example production inventory passes site.yml's inventory validation, vault included."""
 
+import json
 import os
 import subprocess
 import sys
@@ -45,3 +46,26 @@ def test_a_typo_in_a_copy_of_it_is_caught(tmp_path: Path) -> None:
     assert res.returncode != 0
     assert "ct1: gpu_check_gpu_cuont is not a variable of any role. Did you mean gpu_check_gpu_count?" in res.stdout
     assert "ct1: gpu_check_enforce is the string 'yes'; write it without quotes (yes) so it is a boolean." in res.stdout
+
+
+def test_only_the_listed_hosts_are_hosts() -> None:
+    # A directory inventory reads every file in it; the example vault password file must not
+    # become a host named after the password (ansible.cfg's inventory_ignore_extensions).
+    prod = REPO / "inventory/production"
+    res = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-inventory"),
+            "-i",
+            str(prod),
+            "--vault-password-file",
+            str(prod / "vault-password.example"),
+            "--list",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg")),
+    )
+    assert res.returncode == 0, res.stderr
+    hosts = sorted(json.loads(res.stdout)["_meta"]["hostvars"])
+    assert hosts == ["pve-a6000", "pve-blackwell", "qwen-ct101", "qwen-ct201", "qwen-ct202"]
