@@ -69,3 +69,19 @@ def test_only_the_listed_hosts_are_hosts() -> None:
     assert res.returncode == 0, res.stderr
     hosts = sorted(json.loads(res.stdout)["_meta"]["hostvars"])
     assert hosts == ["pve-a6000", "pve-blackwell", "qwen-ct101", "qwen-ct201", "qwen-ct202"]
+
+
+def test_what_it_stages_from_the_controller_and_the_reports_are_never_committed() -> None:
+    # The example inventory stages {{ playbook_dir }}/../models/... and .../wheelhouse/vllm-0.20.1
+    # (GBs of weights and wheels) from the repository root; reports are written there too.
+    paths = [
+        "models/dflash-q35-27b.safetensors",
+        "wheelhouse/vllm-0.20.1/vllm-0.20.1-cp38-abi3-manylinux1_x86_64.whl",
+        "reports/site-20261201T120000Z.json",
+        "reports/bench/qwen-ct101/baseline.json",
+    ]
+    res = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=REPO, capture_output=True, text=True)
+    assert res.stdout.split() == paths, res.stderr
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    leaked = [p for p in tracked.split() if Path(p).name.startswith(("site-", "validate_inventory-", "bench-"))]
+    assert leaked == []
