@@ -5,7 +5,9 @@ role: ``{"gpu_check": {...}, "service_swap": {...}}``), with ``ansible.builtin.s
 ``combine``. This callback keeps the newest value per host, adds the outcome (ok, changed,
 failed with the task and its message, unreachable, or not reached: targeted by a play whose
 batches stopped before the host's batch, as when a failed batch ends a rollout) and, when the
-playbook ends, writes ``reports/<playbook>-<UTC time>.json`` and prints one line per host.
+playbook ends, writes ``<report_dir>/<playbook>-<UTC time>.json`` and prints one line per host.
+The report directory is ``reports/`` at the repository root by default, whatever the current
+directory (playbooks/bench.yml writes under the same setting's ``bench/``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ requirements:
   - enabled in ansible.cfg (callbacks_enabled)
 options:
   report_dir:
-    description: Directory for the JSON reports, relative to the current directory.
+    description:
+      - Directory for the JSON reports (and, under C(bench/), playbooks/bench.yml's results).
+      - A relative path is relative to the repository root (the directory above C(plugins/)),
+        not to the current directory or the playbook's.
     default: reports
     env:
       - name: DFLASH_REPORT_DIR
@@ -38,7 +43,15 @@ from typing import Any
 
 from ansible.plugins.callback import CallbackBase
 
+REPO = Path(__file__).resolve().parents[2]
+
 COLUMNS = ("host", "outcome", "gpus", "serving", "acceptance", "tok/s", "note")
+
+
+def report_dir(setting: str, root: Path = REPO) -> Path:
+    """The report directory: an absolute setting as it is, a relative one under the repository root."""
+    path = Path(setting).expanduser()
+    return path if path.is_absolute() else root / path
 
 
 def _get(report: dict[str, Any], role: str, key: str) -> Any:
@@ -185,7 +198,7 @@ class CallbackModule(CallbackBase):
             host["outcome"] = outcome(s, host["outcome"], missed.get(name, []))
         if not self.hosts:
             return
-        out_dir = Path(self.get_option("report_dir"))
+        out_dir = report_dir(self.get_option("report_dir"))
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.started))
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"{self.playbook}-{stamp}.json"

@@ -18,7 +18,12 @@ import jinja2
 import yaml
 
 # Variables that existed once and were removed or renamed: name -> what to do instead.
-REMOVED: dict[str, str] = {}
+REMOVED: dict[str, str] = {
+    "bench_report_dir": (
+        "bench results go under the one report directory, in bench/: set report_dir in ansible.cfg's"
+        " [rollout_report] section or the environment variable DFLASH_REPORT_DIR instead."
+    ),
+}
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "bool": (bool,),
