@@ -45,7 +45,7 @@ def test_a_typo_in_a_copy_of_it_is_caught(tmp_path: Path) -> None:
     res = validate(inv, tmp_path / "reports")
     assert res.returncode != 0
     assert "ct1: gpu_check_gpu_cuont is not a variable of any role. Did you mean gpu_check_gpu_count?" in res.stdout
-    assert "ct1: gpu_check_enforce is the string 'yes'; write it without quotes (yes) so it is a boolean." in res.stdout
+    assert "ct1: gpu_check_enforce is the string 'yes'; write true without quotes so it is a boolean." in res.stdout
 
 
 def test_only_the_listed_hosts_are_hosts() -> None:
