@@ -15,8 +15,10 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shlex
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -26,6 +28,7 @@ import ansible.module_utils
 from ansible import constants as C
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
 
 _HERE = Path(__file__).resolve().parent
 for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(_HERE.parent.parent / "module_utils")]:
@@ -53,9 +56,53 @@ from ansible.module_utils.safetensors_header import (
 )
 
 MODULE = "safetensors_stage"
+# A multi-GB transfer takes minutes: a line with rsync's own progress at most this often.
+PROGRESS_S = 30
+_PROGRESS = re.compile(r"^\s*([\d,.]+)\s+(\d+)%\s+(\S+/s)\s+(\d+:\d{2}:\d{2})")
+display = Display()
 _MARK = "--model-stage-sidecar--"
 _CHUNK = 8 * 1024 * 1024
 HASH_NICE = 10
+
+
+def rsync_progress(line: str) -> tuple[int, int, str, str] | None:
+    """Bytes so far, percent, rate and time left from one line of rsync's --info=progress2 (LC_ALL=C),
+    such as '    130,285,568  43%   58.62MB/s    0:00:02'; None for any other line."""
+    m = _PROGRESS.match(line)
+    if not m:
+        return None
+    return int(re.sub(r"[,.]", "", m.group(1))), int(m.group(2)), m.group(3), m.group(4)
+
+
+def progress_message(host: str, name: str, done: int, size: int, pct: int, rate: str, left: str) -> str:
+    gib = 1024**3
+    return f"{host}: staging {name}: {done / gib:.1f} of {size / gib:.1f} GiB ({pct}%), {rate}, {left} left"
+
+
+def run_rsync(cmd: list[str], report: Any, every_s: float = PROGRESS_S) -> tuple[int, str]:
+    """Run rsync with --info=progress2, calling report(bytes, percent, rate, left) at most every every_s
+    seconds while it transfers; its exit status and stderr."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            [*cmd[:1], "--info=progress2", *cmd[1:]],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            env=dict(os.environ, LC_ALL="C"),
+        )
+        assert proc.stdout is not None
+        last, buf = time.monotonic(), b""
+        while chunk := proc.stdout.read1(65536):
+            buf += chunk
+            *lines, buf = re.split(rb"[\r\n]", buf)
+            progress = next(
+                (p for p in map(rsync_progress, (ln.decode("ascii", "replace") for ln in reversed(lines))) if p), None
+            )
+            if progress and time.monotonic() - last >= every_s:
+                last = time.monotonic()
+                report(*progress)
+        rc = proc.wait()
+        err.seek(0)
+        return rc, err.read().decode("utf-8", "replace")
 
 
 def cached_sha256(path: str, cache_dir: str) -> str:
@@ -375,6 +422,7 @@ class ActionModule(ActionBase):
         hasher.start()
         ssh_opts, prefix = self._ssh_target(task_vars)
         failures: list[str] = []
+        host = task_vars.get("inventory_hostname", "?")
 
         def transfer() -> None:
             for t in planned["transfers"]:
@@ -390,11 +438,16 @@ class ActionModule(ActionBase):
                     t["origin"],
                     prefix + t["temp"],
                 ]
-                proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-                if proc.returncode != 0:
+                rc, stderr = run_rsync(
+                    cmd,
+                    lambda done, pct, rate, left, t=t: display.display(
+                        progress_message(host, t["name"], done, t["size"], pct, rate, left)
+                    ),
+                )
+                if rc != 0:
                     failures.append(
-                        f"rsync of {t['origin']} to {t['temp']} failed (exit {proc.returncode}):"
-                        f" {proc.stderr.strip()[-1500:]}. The partial copy is kept; the next run resumes it."
+                        f"rsync of {t['origin']} to {t['temp']} failed (exit {rc}):"
+                        f" {stderr.strip()[-1500:]}. The partial copy is kept; the next run resumes it."
                     )
                     return
 

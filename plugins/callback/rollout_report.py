@@ -5,7 +5,9 @@ role: ``{"gpu_check": {...}, "service_swap": {...}}``), with ``ansible.builtin.s
 ``combine``. This callback keeps the newest value per host, adds the outcome (ok, changed,
 failed with the task and its message, unreachable, or not reached: targeted by a play whose
 batches stopped before the host's batch, as when a failed batch ends a rollout) and, when the
-playbook ends, writes ``reports/<playbook>-<UTC time>.json`` and prints one line per host.
+playbook ends, writes ``<report_dir>/<playbook>-<UTC time>.json`` and prints one line per host.
+The report directory is ``reports/`` at the repository root by default, whatever the current
+directory (playbooks/bench.yml writes under the same setting's ``bench/``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ requirements:
   - enabled in ansible.cfg (callbacks_enabled)
 options:
   report_dir:
-    description: Directory for the JSON reports, relative to the current directory.
+    description:
+      - Directory for the JSON reports (and, under C(bench/), playbooks/bench.yml's results).
+      - A relative path is relative to the repository root (the directory above C(plugins/)),
+        not to the current directory or the playbook's.
     default: reports
     env:
       - name: DFLASH_REPORT_DIR
@@ -32,6 +37,7 @@ options:
 
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -39,7 +45,17 @@ from typing import Any
 
 from ansible.plugins.callback import CallbackBase
 
-COLUMNS = ("host", "outcome", "gpus", "serving", "acceptance", "tok/s", "note")
+REPO = Path(__file__).resolve().parents[2]
+
+COLUMNS = ("host", "outcome", "gpus", "serving", "acceptance", "probe tok/s", "note")
+# The note is the last column: long enough for a reason's figures and what they are compared with.
+NOTE_WIDTH = 120
+
+
+def report_dir(setting: str, root: Path = REPO) -> Path:
+    """The report directory: an absolute setting as it is, a relative one under the repository root."""
+    path = Path(setting).expanduser()
+    return path if path.is_absolute() else root / path
 
 
 def _section(report: Any, role: str) -> dict[str, Any]:
@@ -59,6 +75,26 @@ def failure_message(result: dict[str, Any]) -> str:
     if items:
         return "\n".join(str(m) for m in items if m)
     return str(result.get("msg") or "")
+
+
+def reason(msg: str, host: str) -> str:
+    """A failure message without the host and task it starts with, which the table's row already says.
+
+    'service_swap failed on n2 at "Gate 3, ...": mean acceptance ...' and 'n2: gpu_check_...' give
+    the reason alone; of a message of several lines (one problem per line), the first.
+    """
+    lines = msg.strip().splitlines()
+    text = " ".join(lines[0].split()) if lines else ""
+    text = re.sub(rf'^[\w.-]+ failed on {re.escape(host)} at "[^"]*":\s*', "", text)
+    text = re.sub(rf"^{re.escape(host)}:\s+", "", text)
+    return text
+
+
+def note(text: str, width: int = NOTE_WIDTH) -> str:
+    """The table's note: the reason, cut at a word with '...' when longer than width."""
+    if len(text) <= width:
+        return text
+    return text[: width - 3].rsplit(" ", 1)[0] + "..."
 
 
 def unreached(plays: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
@@ -93,20 +129,30 @@ def outcome(stats: dict[str, int], before: str, not_reached: list[str]) -> str:
     return "changed" if stats.get("changed") else "ok"
 
 
+def _probe_shape(swap: dict[str, Any]) -> str:
+    """What the swap's tok/s measured: requests x max tokens of its probe, such as '3x64'."""
+    requests, tokens = swap.get("probe_requests"), swap.get("probe_max_tokens")
+    return f"{requests}x{tokens}" if requests not in (None, "") and tokens not in (None, "") else ""
+
+
 def summary_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
-    """One row per host: what it runs now and, if it failed, the first reason."""
+    """One row per host: what it runs now and, if it failed, the reason first."""
     rows = []
     for name in sorted(hosts):
         h = hosts[name]
         report = h.get("report") or {}
+        swap = _section(report, "service_swap")
         first = next((e["msg"] for e in h.get("errors") or [] if e.get("msg")), "")
+        if swap.get("rolled_back") and swap.get("reason"):
+            first = str(swap["reason"])  # why the swap was undone, recorded without host or task
         if h.get("outcome") == "not reached" and h.get("not_reached"):
             first = "not reached: " + h["not_reached"][0] + " stopped before its batch"
-        note = first.splitlines()[0][:80] if first else ""
         acceptance = _get(report, "service_swap", "mean_acceptance_length")
         serving = str(_get(report, "service_swap", "serving"))
-        if _section(report, "service_swap").get("rolled_back"):
+        if swap.get("rolled_back"):
             serving += " (rolled back)"
+        tok_s = str(_get(report, "service_swap", "tokens_per_second"))
+        shape = _probe_shape(swap)
         rows.append(
             (
                 name,
@@ -114,16 +160,25 @@ def summary_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
                 str(_get(report, "gpu_check", "summary")),
                 serving,
                 f"{acceptance:.2f}" if isinstance(acceptance, float) else str(acceptance),
-                str(_get(report, "service_swap", "tokens_per_second")),
-                note,
+                f"{tok_s} ({shape})" if shape and tok_s != "-" else tok_s,
+                note(reason(first, name)) if first else "",
             )
         )
     return rows
 
 
 def summary_table(rows: list[tuple[str, ...]]) -> str:
-    table = [COLUMNS, *rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
+    """The rows under their headers. The probe column says what it measured: the probe's few short
+    requests (service_swap_probe_requests x service_swap_probe_max_tokens), not a benchmark; one
+    shape for every row goes into the header."""
+    columns = list(COLUMNS)
+    i = columns.index("probe tok/s")
+    shapes = {r[i].rsplit(" (", 1)[1] for r in rows if r[i].endswith(")")}
+    if len(shapes) == 1:
+        columns[i] = f"probe tok/s ({shapes.pop()[:-1]})"
+        rows = [(*r[:i], r[i].rsplit(" (", 1)[0], *r[i + 1 :]) for r in rows]
+    table = [tuple(columns), *rows]
+    widths = [max(len(r[k]) for r in table) for k in range(len(columns))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table)
 
 
@@ -213,7 +268,7 @@ class CallbackModule(CallbackBase):
             host["outcome"] = outcome(s, host["outcome"], missed.get(name, []))
         if not self.hosts:
             return
-        out_dir = Path(self.get_option("report_dir"))
+        out_dir = report_dir(self.get_option("report_dir"))
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.started))
         out_dir.mkdir(parents=True, exist_ok=True)
         body = {"playbook": self.playbook, "started": stamp, "hosts": self.hosts}

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -109,20 +111,23 @@ def test_bad_arguments_are_refused_before_anything_is_made(args, message) -> Non
 
 
 def test_not_root_is_refused_with_the_reason() -> None:
-    res = subprocess.run(
-        [
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            sys.executable,
-            str(LABCTL),
-            "up",
-            "--lab",
-            "ok",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert res.returncode == 1
+    # The unprivileged user must be able to read the script and run the interpreter, wherever root
+    # cloned the repository (a clone under /root, mode 0700, is not readable by it). Run a copy from
+    # a world-readable directory, laid out as in the repository (labctl finds the repo two levels
+    # up), with the interpreter the venv links to.
+    python = os.path.realpath(sys.executable)
+    with tempfile.TemporaryDirectory(prefix="labctl-nobody-") as tmp:
+        copy = Path(tmp) / "tests" / "lab" / "labctl.py"
+        copy.parent.mkdir(parents=True)
+        shutil.copy2(LABCTL, copy)
+        for p in (Path(tmp), copy.parent.parent, copy.parent):
+            p.chmod(0o755)
+        copy.chmod(0o644)
+        res = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, str(copy), "up", "--lab", "ok"],
+            capture_output=True,
+            text=True,
+            cwd=tmp,
+        )
+    assert res.returncode == 1, res.stderr
     assert "needs root: run it as root (sudo make lab)" in res.stderr

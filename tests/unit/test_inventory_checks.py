@@ -51,13 +51,25 @@ def test_every_problem_is_one_sentence_naming_the_host(roles: str) -> None:
         "demo_role_portt": 1,
     }
     assert inventory_problems(hv, "gpu1", roles) == [
-        "gpu1: no ansible_host: give the node's address in the inventory.",
-        "gpu1: demo_role_enabled is the string 'yes'; write it without quotes (yes) so it is a boolean.",
+        "gpu1: demo_role_enabled is the string 'yes'; write true without quotes so it is a boolean.",
         "gpu1: demo_role_method is 'eagle'; it must be one of: dflash, ddtree.",
         "gpu1: demo_role_paths must be a list, but the inventory gives str '/a'.",
         "gpu1: demo_role_port is the string '8000'; it must be a number: write it without quotes.",
         "gpu1: demo_role_portt is not a variable of any role. Did you mean demo_role_port?",
     ]
+
+
+@pytest.mark.parametrize(
+    ("value", "word"), [("yes", "true"), ("True", "true"), ("on", "true"), ("no", "false"), ("OFF", "false")]
+)
+def test_a_boolean_in_quotes_is_told_to_be_true_or_false_which_yamllint_allows(roles: str, value, word) -> None:
+    assert inventory_problems({"demo_role_enabled": value}, "gpu1", roles) == [
+        f"gpu1: demo_role_enabled is the string {value!r}; write {word} without quotes so it is a boolean."
+    ]
+
+
+def test_a_node_named_by_dns_needs_no_ansible_host(roles: str) -> None:
+    assert inventory_problems({"demo_role_port": 8000}, "gpu1.example.net", roles) == []
 
 
 def test_removed_variables_say_what_to_do(roles: str) -> None:
@@ -175,7 +187,7 @@ def test_agreeing_or_undecided_drafter_settings_pass(hostvars: dict) -> None:
 def test_a_wrongly_typed_value_is_reported_once_not_compared() -> None:
     problems = _problems(drafter_config_layer_types=QWEN36, vllm_install_sliding_drafter="no")
     assert problems == [
-        "gpu-a: vllm_install_sliding_drafter is the string 'no'; write it without quotes (no) so it is a boolean."
+        "gpu-a: vllm_install_sliding_drafter is the string 'no'; write false without quotes so it is a boolean."
     ]
 
 

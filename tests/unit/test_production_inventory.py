@@ -1,5 +1,6 @@
 """The example production inventory passes site.yml's inventory validation, vault included."""
 
+import json
 import os
 import subprocess
 import sys
@@ -44,7 +45,7 @@ def test_a_typo_in_a_copy_of_it_is_caught(tmp_path: Path) -> None:
     res = validate(inv, tmp_path / "reports")
     assert res.returncode != 0
     assert "ct1: gpu_check_gpu_cuont is not a variable of any role. Did you mean gpu_check_gpu_count?" in res.stdout
-    assert "ct1: gpu_check_enforce is the string 'yes'; write it without quotes (yes) so it is a boolean." in res.stdout
+    assert "ct1: gpu_check_enforce is the string 'yes'; write true without quotes so it is a boolean." in res.stdout
 
 
 def test_a_template_that_cannot_render_is_caught_but_an_undefined_name_is_left_to_the_role(tmp_path: Path) -> None:
@@ -62,3 +63,42 @@ def test_a_template_that_cannot_render_is_caught_but_an_undefined_name_is_left_t
         " fix it (its Jinja, or the vault password)."
     ) in res.stdout
     assert "gpu_check_enforce" not in res.stdout.split("fatal:")[1].split("PLAY RECAP")[0]
+
+
+def test_only_the_listed_hosts_are_hosts() -> None:
+    # A directory inventory reads every file in it; the example vault password file must not
+    # become a host named after the password (ansible.cfg's inventory_ignore_extensions).
+    prod = REPO / "inventory/production"
+    res = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-inventory"),
+            "-i",
+            str(prod),
+            "--vault-password-file",
+            str(prod / "vault-password.example"),
+            "--list",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg")),
+    )
+    assert res.returncode == 0, res.stderr
+    hosts = sorted(json.loads(res.stdout)["_meta"]["hostvars"])
+    assert hosts == ["pve-a6000", "pve-blackwell", "qwen-ct101", "qwen-ct201", "qwen-ct202"]
+
+
+def test_what_it_stages_from_the_controller_and_the_reports_are_never_committed() -> None:
+    # The example inventory stages {{ playbook_dir }}/../models/... and .../wheelhouse/vllm-0.20.1
+    # (GBs of weights and wheels) from the repository root; reports are written there too.
+    paths = [
+        "models/dflash-q35-27b.safetensors",
+        "wheelhouse/vllm-0.20.1/vllm-0.20.1-cp38-abi3-manylinux1_x86_64.whl",
+        "reports/site-20261201T120000Z.json",
+        "reports/bench/qwen-ct101/baseline.json",
+    ]
+    res = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=REPO, capture_output=True, text=True)
+    assert res.stdout.split() == paths, res.stderr
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    leaked = [p for p in tracked.split() if Path(p).name.startswith(("site-", "validate_inventory-", "bench-"))]
+    assert leaked == []

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rollout_report import failure_message, outcome, summary_rows, summary_table, unreached
+from rollout_report import failure_message, note, outcome, reason, summary_rows, summary_table, unreached
 
 PLUGINS = Path(__file__).resolve().parents[2] / "plugins" / "callback"
 
@@ -38,7 +38,7 @@ def test_rows_are_sorted_and_say_what_serves_and_why_a_host_failed() -> None:
 
 def test_table_aligns_columns() -> None:
     assert summary_table(summary_rows({"n1": {"outcome": "ok", "report": {}, "errors": []}})) == (
-        "host  outcome  gpus  serving  acceptance  tok/s  note\nn1    ok       -     -        -           -"
+        "host  outcome  gpus  serving  acceptance  probe tok/s  note\nn1    ok       -     -        -           -"
     )
 
 
@@ -88,6 +88,83 @@ def test_rows_say_a_host_was_rolled_back_or_not_reached() -> None:
     ]
 
 
+GATE3 = (
+    "mean acceptance length 1.31 over 3 requests is under the floor service_swap_min_acceptance_length 2.0"
+    " (1 + 59 accepted / 192 drafts): the drafter runs but its drafts are rejected (wrong drafter config,"
+    " target_layer_ids, or an unpatched vLLM layer offset)"
+)
+GATE3_NOTE = (
+    "mean acceptance length 1.31 over 3 requests is under the floor service_swap_min_acceptance_length 2.0 (1 + 59..."
+)
+
+
+def test_a_failed_swaps_row_shows_the_reason_not_the_host_and_task() -> None:
+    failed = (
+        'service_swap failed on qwen-ct101 at "Gate 3, the drafter\'s mean acceptance length is above the floor": '
+        + GATE3
+        + " Restored: vllm-qwen.service stopped and disabled (previous unit file put back);"
+    )
+    hosts = {
+        # As the rollout report records a rolled-back swap: the gate's failure, then the role's.
+        "qwen-ct101": {
+            "outcome": "failed",
+            "report": {
+                "service_swap": {
+                    "serving": "sglang",
+                    "rolled_back": True,
+                    "failed_task": "Gate 3, the drafter's mean acceptance length is above the floor",
+                    "reason": GATE3,
+                }
+            },
+            "errors": [
+                {"task": "Gate 3, the drafter's mean acceptance length is above the floor", "msg": GATE3},
+                {"task": "Fail the host with what failed, what was restored and what to look at", "msg": failed},
+            ],
+        },
+        # Only the role's message, with the host and task in front.
+        "qwen-ct201": {
+            "outcome": "failed",
+            "report": {},
+            "errors": [{"task": "Fail the host", "msg": failed.replace("qwen-ct101", "qwen-ct201")}],
+        },
+    }
+    rows = summary_rows(hosts)
+    assert rows[0] == ("qwen-ct101", "failed", "-", "sglang (rolled back)", "-", "-", GATE3_NOTE)
+    assert rows[1][-1] == GATE3_NOTE
+    assert (
+        "mean acceptance length 1.31 over 3 requests is under the floor service_swap_min_acceptance_length 2.0"
+        in (summary_table(rows).splitlines()[1])
+    )
+
+
+def test_the_reason_drops_the_host_and_task_prefixes_only() -> None:
+    assert reason("n2: gpu_check_gpu_cuont is not a variable of any role.", "n2") == (
+        "gpu_check_gpu_cuont is not a variable of any role."
+    )
+    assert reason('service_swap failed on n2 at "Gate 1, vLLM is healthy": vLLM did  not become\nhealthy', "n2") == (
+        "vLLM did not become"
+    )
+    assert reason("n20: something", "n2") == "n20: something"
+    assert note("a" * 10, 8) == "aaaaa..."
+    assert note("one two three four", 12) == "one two..."
+
+
+def test_the_probe_column_says_what_the_probe_measured() -> None:
+    swap = {"serving": "vllm", "tokens_per_second": 181.2, "probe_requests": 3, "probe_max_tokens": 64}
+    one = {"outcome": "ok", "report": {"service_swap": swap}, "errors": []}
+    assert summary_table(summary_rows({"n1": one, "n2": one})).splitlines() == [
+        "host  outcome  gpus  serving  acceptance  probe tok/s (3x64)  note",
+        "n1    ok       -     vllm     -           181.2",
+        "n2    ok       -     vllm     -           181.2",
+    ]
+    other = {"outcome": "ok", "report": {"service_swap": {**swap, "probe_requests": 8}}, "errors": []}
+    assert summary_table(summary_rows({"n1": one, "n2": other})).splitlines() == [
+        "host  outcome  gpus  serving  acceptance  probe tok/s   note",
+        "n1    ok       -     vllm     -           181.2 (3x64)",
+        "n2    ok       -     vllm     -           181.2 (8x64)",
+    ]
+
+
 ROLLOUT = """
 - name: Preflight
   hosts: nodes
@@ -111,10 +188,10 @@ ROLLOUT = """
       rescue:
         - name: Report the rollback
           ansible.builtin.set_fact:
-            dflash_report: {service_swap: {serving: sglang, rolled_back: true}}
+            dflash_report: {service_swap: {serving: sglang, rolled_back: true, reason: acceptance under the floor}}
         - name: Fail the host
           ansible.builtin.fail:
-            msg: rolled back to SGLang
+            msg: 'service_swap failed on n2 at "Gate": acceptance under the floor. Restored: SGLang.'
 """
 
 
@@ -143,9 +220,18 @@ def test_a_failed_batch_leaves_later_hosts_not_reached_in_the_json_report(tmp_pa
     hosts = json.loads(report.read_text())["hosts"]
     assert {name: h["outcome"] for name, h in hosts.items()} == {"n1": "ok", "n2": "failed", "n3": "not reached"}
     assert hosts["n3"]["not_reached"] == ["Deploy"]
-    assert hosts["n2"]["report"] == {"service_swap": {"serving": "sglang", "rolled_back": True}}
-    assert [e["msg"] for e in hosts["n2"]["errors"]] == ["acceptance under the floor", "rolled back to SGLang"]
+    assert hosts["n2"]["report"] == {
+        "service_swap": {"serving": "sglang", "rolled_back": True, "reason": "acceptance under the floor"}
+    }
+    assert [e["msg"] for e in hosts["n2"]["errors"]] == [
+        "acceptance under the floor",
+        'service_swap failed on n2 at "Gate": acceptance under the floor. Restored: SGLang.',
+    ]
     assert "n3    not reached" in run.stdout
+    assert (
+        "n2    failed       -     sglang (rolled back)  -           -            acceptance under the floor\n"
+        in run.stdout
+    )
 
 
 def test_a_malformed_report_entry_does_not_break_the_table() -> None:

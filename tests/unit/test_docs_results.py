@@ -1,0 +1,35 @@
+"""tests/gpu/results/ keeps only the result files the docs cite, and every file the docs cite is there."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "tests" / "gpu" / "results"
+
+
+def docs_text() -> str:
+    return "\n".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
+
+
+def cited(path: Path, text: str) -> bool:
+    rel = path.relative_to(RESULTS)
+    if len(rel.parts) > 1:  # a directory of results is cited as a whole
+        return f"tests/gpu/results/{rel.parts[0]}/" in text
+    return path.name in text or f"{path.stem}.{{json,txt}}" in text or f"{path.stem}.{{txt,json}}" in text
+
+
+def test_every_result_file_is_cited_by_a_doc() -> None:
+    text = docs_text()
+    files = [p for p in RESULTS.rglob("*") if p.is_file()]
+    assert files
+    assert [str(p.relative_to(RESULTS)) for p in files if not cited(p, text)] == []
+
+
+def test_every_result_file_a_doc_names_exists() -> None:
+    names = set(
+        re.findall(r"\b(ddtree_gpu_run\d+_[a-z_]+\.json|ddtree_tree_bench_[a-z0-9_]+\.(?:json|txt))", docs_text())
+    )
+    assert names
+    assert sorted(n for n in names if not (RESULTS / n).exists()) == []
