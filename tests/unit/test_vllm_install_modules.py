@@ -121,7 +121,7 @@ def test_release_check_rejects_unknown_patch_fixes(capsys) -> None:
     assert failed is True
     assert result["msg"] == (
         "patch_fixes names magic, which ddtree_patch does not fix; use only aux_layer_offset, sliding_drafter, ddtree, "
-            "hybrid_tree"
+        "hybrid_tree"
     )
 
 
