@@ -92,7 +92,7 @@ def test_what_it_stages_from_the_controller_and_the_reports_are_never_committed(
     # The example inventory stages {{ playbook_dir }}/../models/... and .../wheelhouse/vllm-0.20.1
     # (GBs of weights and wheels) from the repository root; reports are written there too.
     paths = [
-        "models/dflash-q35-27b.safetensors",
+        "models/dflash-q36-27b.safetensors",
         "wheelhouse/vllm-0.20.1/vllm-0.20.1-cp38-abi3-manylinux1_x86_64.whl",
         "reports/site-20261201T120000Z.json",
         "reports/bench/qwen-ct101/baseline.json",

@@ -252,3 +252,46 @@ def test_an_empty_key_on_a_network_address_is_refused_unless_allowed(dirs):
     assert _open_api(dirs, "-e", '{"service_swap_allow_open_api": true}').returncode == 0
     assert _open_api(dirs, "-e", "service_swap_vllm_host=127.0.0.1").returncode == 0
     assert _open_api(dirs, "-e", "service_swap_api_key=sk-abc").returncode == 0
+
+
+def test_preflight_refuses_a_ddtree_budget_whose_tree_state_cannot_fit(dirs):
+    """Qwen3.6-27B on 2x RTX A6000: 256 state slots of 146.8 MiB per request do not fit beside the weights."""
+    sys.path.insert(0, str(REPO / "tests" / "fakes"))
+    import target_model
+
+    target = dirs["tmp"] / "qwen36"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(target_model.config()))
+    (target / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 55_600_000_000}, "weight_map": {}})
+    )
+    venv = dirs["tmp"] / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "vllm").write_text("#!/bin/sh\n")
+    (venv / "vllm").chmod(0o755)
+    dirs["drafter"].mkdir()
+    (dirs["drafter"] / "config.json").write_text("{}")
+    args = [
+        "-e",
+        f"service_swap_venv={dirs['tmp']}/venv",
+        "-e",
+        f"service_swap_target_dir={target}",
+        "-e",
+        f"service_swap_drafter_dir={dirs['drafter']}",
+        "-e",
+        '{"service_swap_spec_method": "ddtree", "service_swap_ddtree_budget": 255, "service_swap_max_num_seqs": 1,'
+        ' "service_swap_tensor_parallel_size": 2, "gpu_check_facts": {"gpus": [{"memory_total_mib": 49140},'
+        ' {"memory_total_mib": 49140}]}}',
+    ]
+    res = preflight(dirs, *args)
+    assert res.returncode == 2
+    assert (
+        "a DDTree request keeps 256 recurrent state slots of 146.8 MiB (18.4 GiB per GPU at tensor parallel 2), more"
+        " than the 17.3 GiB a GPU has left for vLLM after the weights; lower ddtree_patch_budget (or raise the tensor"
+        " parallel size). Nothing was changed."
+    ) in " ".join(res.stdout.split())
+    # A budget of 15 fits: the preflight goes on to the next check (the SGLang unit).
+    args[-1] = args[-1].replace('"service_swap_ddtree_budget": 255', '"service_swap_ddtree_budget": 15')
+    res = preflight(dirs, *args)
+    assert "recurrent state slots" not in res.stdout
+    assert "Read the SGLang unit the swap may have to restore" in res.stdout

@@ -1,0 +1,132 @@
+"""Whether ddtree_patch's change set can verify trees on a target, from the target's config.json.
+
+Trees need branch-local recurrent state on targets with recurrent layers. The vLLM 0.20.1 change
+set gives it to Gated DeltaNet layers with a width-4 convolution (Qwen3.5/3.6, Qwen3-Next): each
+tree node continues its parent's state. Mamba layers have none, so those targets run the DFlash
+chain. The same rule is in the change set itself (vllm/config/speculative.py), which vLLM applies
+at start; this copy lets the role say so before anything is started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+GDN = "linear_attention"
+MAMBA = ("mamba", "mamba2")
+GDN_CONV_WIDTH = 4
+# Bytes per element of vLLM 0.20.1's Gated DeltaNet state: the recurrent state in float32, the
+# convolution window in the model's dtype (bf16).
+_SSM_BYTES = 4
+_CONV_BYTES = 2
+
+
+def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    text = config.get("text_config")
+    return text if isinstance(text, Mapping) else config
+
+
+def _layer_kinds(text: Mapping[str, Any]) -> list[str]:
+    kinds = text.get("layer_types") or text.get("layers_block_type") or []
+    return [str(k) for k in kinds] if isinstance(kinds, list) else []
+
+
+def ddtree_fallback_reason(config: Mapping[str, Any], vllm_version: str) -> str:
+    """'' when DDTree can verify trees on this target; else why the DFlash chain runs."""
+    text = _text_config(config)
+    kinds = _layer_kinds(text)
+    mamba = sorted({k for k in kinds if k in MAMBA})
+    if mamba:
+        return (
+            f"the target has Mamba layers ({', '.join(mamba)}): trees need branch-local state, which "
+            f"this project's change set for vLLM {vllm_version} gives only to Gated DeltaNet layers, "
+            "so the DFlash chain runs"
+        )
+    width = text.get("linear_conv_kernel_dim")
+    if GDN in kinds and width != GDN_CONV_WIDTH:
+        return (
+            f"the target's Gated DeltaNet layers convolve over {width!r} tokens: the change set's tree "
+            f"state covers a width of {GDN_CONV_WIDTH} (Qwen3.5/3.6), so the DFlash chain runs"
+        )
+    return ""
+
+
+def recurrent_state_bytes(config: Mapping[str, Any]) -> int:
+    """Bytes of one state slot across the target's Gated DeltaNet layers (unsharded).
+
+    A DDTree step keeps budget + 1 slots per request (one per verified row).
+    Qwen3.6-27B: 48 layers x (48 x 128 x 128 float32 + 10240 x 3 bf16) = about 147 MiB.
+    """
+    text = _text_config(config)
+    layers = sum(1 for k in _layer_kinds(text) if k == GDN)
+    if not layers:
+        return 0
+    kh = int(text.get("linear_num_key_heads", 0))
+    vh = int(text.get("linear_num_value_heads", 0))
+    kd = int(text.get("linear_key_head_dim", 0))
+    vd = int(text.get("linear_value_head_dim", 0))
+    width = int(text.get("linear_conv_kernel_dim", GDN_CONV_WIDTH))
+    ssm = vh * vd * kd * _SSM_BYTES
+    conv = (2 * kh * kd + vh * vd) * (width - 1) * _CONV_BYTES
+    return layers * (ssm + conv)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def ddtree_state_check(
+    config: Mapping[str, Any],
+    budget: int,
+    max_num_seqs: int,
+    tensor_parallel_size: int,
+    gpu_memory_mib: int,
+    gpu_memory_utilization: float,
+    weights_bytes: int = 0,
+) -> dict[str, str]:
+    """Whether the tree's recurrent state fits: ``{"refuse": ..., "warn": ...}`` (empty strings if fine).
+
+    A request keeps ``budget + 1`` state slots, sharded over the tensor-parallel GPUs with the
+    heads. What a GPU holds for vLLM is ``gpu_memory_mib x gpu_memory_utilization`` less its share
+    of the weights (``weights_bytes``, 0 when unknown, which only makes the check more lenient).
+    One request that cannot fit is refused; fewer than ``max_num_seqs`` at once is a warning (vLLM
+    then admits fewer requests at a time).
+    """
+    slot = recurrent_state_bytes(config)
+    if slot == 0:
+        return {"refuse": "", "warn": ""}
+    tp = max(int(tensor_parallel_size), 1)
+    per_request = (int(budget) + 1) * slot / tp
+    free = int(gpu_memory_mib) * 2**20 * float(gpu_memory_utilization) - int(weights_bytes) / tp
+    what = (
+        f"a DDTree request keeps {int(budget) + 1} recurrent state slots of {slot / 2**20:.1f} MiB "
+        f"({_gib(per_request)} per GPU at tensor parallel {tp})"
+    )
+    if per_request > free:
+        return {
+            "refuse": (
+                f"{what}, more than the {_gib(max(free, 0))} a GPU has left for vLLM after the weights; "
+                "lower ddtree_patch_budget (or raise the tensor parallel size)"
+            ),
+            "warn": "",
+        }
+    fits = int(free // per_request)
+    if fits < int(max_num_seqs):
+        return {
+            "refuse": "",
+            "warn": (
+                f"{what}: at most {fits} of service_swap_max_num_seqs={max_num_seqs} requests fit at once "
+                "beside the weights, before any KV cache; vLLM admits fewer at a time (lower the budget or "
+                "max_num_seqs to match)"
+            ),
+        }
+    return {"refuse": "", "warn": ""}
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {
+            "ddtree_fallback_reason": ddtree_fallback_reason,
+            "recurrent_state_bytes": recurrent_state_bytes,
+            "ddtree_state_check": ddtree_state_check,
+        }
