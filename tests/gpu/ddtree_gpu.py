@@ -11,6 +11,12 @@ Sub-commands:
                           taps target layers [1, 5]; config.json from module_utils/dflash_drafter), and
                           prompts.json: per prompt length, the candidate whose greedy path keeps the
                           clearest top-1/top-2 gap (see greedy_margins: identity needs no near-ties).
+  make-hybrid DIR         the real pair's architectures, tiny and random (bf16): target/ a
+                          Qwen3_5ForConditionalGeneration (Gated DeltaNet x3 + gated full attention,
+                          twice; M-RoPE; a minimal vision tower vLLM skips with language_model_only),
+                          drafter/ (DFlash, 3 causal sliding-window layers of window HY_WINDOW + 1 full
+                          layer, as Qwen3.6-27B-DFlash), drafter_full/ (the same tensors, every layer
+                          full attention) and prompts.json, chosen as for make-models.
   gen --result FILE ...   one vllm.LLM instance: batch-1 runs (one prompt at a time), then the
                           batch-4 run; writes token ids, spec-decode counters and timings.
   driver MODELS OUT       every run of the proof (identity in bf16 and fp16, sampled, CUDA-graph speed),
@@ -270,6 +276,191 @@ def cmd_make_models(root: str) -> int:
     return 0
 
 
+# The real pair's architectures, tiny: Qwen3.6's layer pattern (three Gated DeltaNet layers, then
+# one gated full-attention layer), M-RoPE, and a DFlash drafter whose sliding layers come first, as in
+# Qwen3.6-27B-DFlash. A window of 16 is far shorter than the prompts plus 64 generated tokens.
+HY_LAYERS_TARGET = 8
+HY_LAYER_TYPES = ["linear_attention"] * 3 + ["full_attention"]
+HY_DRAFT_TYPES = ["sliding_attention"] * 3 + ["full_attention"]
+HY_WINDOW = 16
+HY_TARGET_LAYER_IDS = [1, 2, 4, 5]  # the DFlash rule for 8 target layers and 4 draft layers
+HY_OUT_OF_VOCAB = 1000  # vision token ids: none can appear in a prompt, so every prompt is text
+
+
+def _hybrid_target_config():
+    from transformers import Qwen3_5Config
+
+    text = dict(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_hidden_layers=HY_LAYERS_TARGET,
+        layer_types=HY_LAYER_TYPES * (HY_LAYERS_TARGET // 4),
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=MAX_POS,
+        rms_norm_eps=1e-6,
+        hidden_act="silu",
+        attention_bias=False,
+        # head_dim 64 x partial rotary 0.25 = 16 rotary dims = 8 frequencies, split 3/3/2 over
+        # (time, height, width) as Qwen3.6 splits its 32 as 11/11/10.
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000000,
+            "partial_rotary_factor": 0.25,
+            "mrope_interleaved": True,
+            "mrope_section": [3, 3, 2],
+        },
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    vision = dict(
+        depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=HIDDEN, num_position_embeddings=16
+    )
+    cfg = Qwen3_5Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=HY_OUT_OF_VOCAB,
+        video_token_id=HY_OUT_OF_VOCAB + 1,
+        vision_start_token_id=HY_OUT_OF_VOCAB + 2,
+        vision_end_token_id=HY_OUT_OF_VOCAB + 3,
+        tie_word_embeddings=False,
+    )
+    cfg.architectures = ["Qwen3_5ForConditionalGeneration"]
+    return cfg
+
+
+def _steer_drafter(target, language_model, chosen: list[list[int]], dev: str) -> dict:
+    """Point the mask token's embedding at the target's average output direction (see the top).
+
+    ``language_model`` maps token ids to the final-norm hidden states; ``target`` has ``lm_head``.
+    """
+    import torch
+
+    finals, emitted = [], []
+    with torch.no_grad():
+        for p in chosen:
+            ids = torch.tensor([p], device=dev)
+            for _ in range(48):
+                u = language_model(ids).last_hidden_state[0, -1]
+                finals.append(u)
+                nxt = target.lm_head(u).argmax()
+                emitted.append(int(nxt))
+                ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+        mean_dir = torch.stack(finals).mean(0)
+        mean_dir = mean_dir / mean_dir.norm()
+        language_model.embed_tokens.weight[MASK_TOKEN_ID] = 100.0 * mean_dir
+        drafter_like = (16.0 * DRAFTER_SHARPNESS * target.lm_head.weight @ mean_dir).float()
+        top_v, top_i = drafter_like.topk(5)
+    return {
+        "target_greedy_token_counts_hf_fp32": {t: emitted.count(t) for t in sorted(set(emitted))},
+        "drafter_like_top5": {"tokens": top_i.tolist(), "logits": [round(float(v), 3) for v in top_v]},
+    }
+
+
+def _write_drafter(root: str, name: str, sd: dict, target_dir: str, **layers) -> dict:
+    """The drafter's weights and the config.json that module_utils/dflash_drafter generates for them."""
+    import dflash_drafter
+    from safetensors.torch import save_file
+
+    d = os.path.join(root, name)
+    os.makedirs(d, exist_ok=True)
+    save_file(sd, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    tensors = {k: ("BF16", list(v.shape)) for k, v in sd.items()}
+    _text, config, _report = dflash_drafter.generate(
+        tensors, target_dir, block_size=DEPTH + 1, mask_token_id=MASK_TOKEN_ID, **layers
+    )
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+    return config
+
+
+def _drafter_tensors(num_layers: int, seed: int, num_taps: int) -> dict:
+    import torch
+    from transformers import Qwen3Config, Qwen3Model
+
+    torch.manual_seed(seed)
+    dcfg = Qwen3Config(
+        num_hidden_layers=num_layers,
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=MAX_POS,
+        rms_norm_eps=1e-6,
+        attention_bias=False,
+    )
+    body = Qwen3Model(dcfg).to(torch.bfloat16)
+    sd = {
+        k: v.contiguous()
+        for k, v in body.state_dict().items()
+        if not k.startswith("embed_tokens") and "rotary_emb" not in k
+    }
+    gd = torch.Generator().manual_seed(seed + 1)
+    sd["fc.weight"] = (torch.randn(HIDDEN, HIDDEN * num_taps, generator=gd) * 0.02).to(torch.bfloat16)
+    sd["hidden_norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
+    sd["norm.weight"] = torch.full((HIDDEN,), DRAFTER_SHARPNESS, dtype=torch.bfloat16)
+    return sd
+
+
+def cmd_make_hybrid(root: str) -> int:
+    import torch
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    os.makedirs(root, exist_ok=True)
+    torch.manual_seed(SEED)
+    target = Qwen3_5ForConditionalGeneration(_hybrid_target_config()).float()
+    lm = target.model.language_model
+    g = torch.Generator().manual_seed(SEED + 7)
+    e = torch.randn(HIDDEN, generator=g)
+    with torch.no_grad():
+        lm.embed_tokens.weight.add_(e / e.norm())
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    target = target.to(torch.bfloat16).float().to(dev).eval()
+    lm = target.model.language_model
+    chosen, choice_report = choose_prompts(target)
+    steer = _steer_drafter(target, lm, chosen, dev)
+    target = target.to(torch.bfloat16).float()
+    final_gaps = [min(greedy_margins(target, [p], GEN_TOKENS)[1][0]) for p in chosen]
+    tdir = os.path.join(root, "target")
+    target.to("cpu").to(torch.bfloat16).save_pretrained(tdir, safe_serialization=True)
+    with open(os.path.join(root, "prompts.json"), "w") as f:
+        json.dump({"prompts": chosen, "min_gap_fp32": [round(x, 5) for x in final_gaps]}, f)
+    sd = _drafter_tensors(len(HY_DRAFT_TYPES), SEED + 1, len(HY_TARGET_LAYER_IDS))
+    sliding = _write_drafter(
+        root,
+        "drafter",
+        sd,
+        tdir,
+        target_layer_ids=HY_TARGET_LAYER_IDS,
+        layer_types=HY_DRAFT_TYPES,
+        sliding_window=HY_WINDOW,
+    )
+    full = _write_drafter(root, "drafter_full", sd, tdir, target_layer_ids=HY_TARGET_LAYER_IDS)
+    info = {
+        "prompt_choice": choice_report,
+        "chosen_prompts_min_gap_fp32": [round(x, 5) for x in final_gaps],
+        **steer,
+        "drafter_config_source": "module_utils/dflash_drafter.generate",
+        "drafter_config": sliding,
+        "drafter_full_config": full,
+    }
+    with open(os.path.join(root, "models.json"), "w") as f:
+        json.dump(info, f, indent=1)
+    print(json.dumps(info, indent=1)[:3000])
+    return 0
+
+
 def write_tokenizer(target: str) -> None:
     """A word-level tokenizer over the tiny vocabulary, so `vllm serve` can take text prompts.
 
@@ -348,8 +539,15 @@ def cmd_gen(a: argparse.Namespace) -> int:
     )
     if a.graphs:
         kw["compilation_config"] = {"max_cudagraph_capture_size": 256}
+    if a.hybrid:
+        # Qwen3.5/3.6: the language model only (no vision tower), the GDN prefill on its Triton
+        # kernel (the default imports flashinfer), and no prefix caching with spec decode on hybrids.
+        kw["language_model_only"] = True
+        kw["additional_config"] = {"gdn_prefill_backend": "triton"}
+        kw["enable_prefix_caching"] = False
     if a.method:
-        sc = {"method": a.method, "model": a.drafter, "num_speculative_tokens": DEPTH}
+        drafter = a.drafter or os.path.join(os.path.dirname(a.model.rstrip("/")), a.drafter_name)
+        sc = {"method": a.method, "model": drafter, "num_speculative_tokens": DEPTH}
         if a.budget:
             sc["ddtree_budget"] = a.budget
         kw["speculative_config"] = sc
@@ -429,6 +627,40 @@ RUNS = {
     "perf_ddtree_b16": (["--method", "ddtree", "--budget", "16", "--max-tokens", "256", "--graphs"], 3),
 }
 
+# The real pair's architectures (make-hybrid). "base" runs on any release with DFlash: the target
+# alone, and the chain with the sliding-window drafter as trained and with its all-full twin.
+# "ddtree" adds DDTree at budgets of the depth, twice and four times the depth.
+HY_IDENTITY = {
+    "target": [],
+    "chain_sliding": ["--method", "dflash"],
+    "chain_full": ["--method", "dflash", "--drafter-name", "drafter_full"],
+}
+HY_DDTREE = {f"ddtree_b{b}": ["--method", "ddtree", "--budget", str(b)] for b in (DEPTH, 2 * DEPTH, 4 * DEPTH)}
+
+
+def hybrid_runs(with_ddtree: bool) -> dict[str, tuple[list[str], int]]:
+    """Identity runs eager in bf16 and fp16 (wave 0), then under CUDA graphs in bf16 (wave 1)."""
+    kinds = {**HY_IDENTITY, **(HY_DDTREE if with_ddtree else {})}
+    runs: dict[str, tuple[list[str], int]] = {}
+    for n, a in kinds.items():
+        for dt in ("bf16", "fp16"):
+            runs[f"hy_{n}_{dt}"] = ([*a, "--hybrid", "--max-tokens", str(GEN_TOKENS), "--dtype", dt], 0)
+        runs[f"hy_{n}_graphs_bf16"] = ([*a, "--hybrid", "--max-tokens", str(GEN_TOKENS), "--graphs"], 1)
+    if with_ddtree:
+        runs["hy_ddtree_sampled_b14"] = (
+            [*HY_DDTREE[f"ddtree_b{2 * DEPTH}"], "--hybrid", "--max-tokens", "64", "--temperature", "0.8"],
+            1,
+        )
+    return runs
+
+
+def run_set(name: str) -> dict[str, tuple[list[str], int]]:
+    if name == "attention":
+        return RUNS
+    if name in ("hybrid-base", "hybrid"):
+        return hybrid_runs(with_ddtree=name == "hybrid")
+    raise SystemExit(f"unknown run set {name!r}: attention, hybrid-base or hybrid")
+
 
 def _first_diff(a: list[int], b: list[int]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
@@ -445,10 +677,19 @@ def compare(ref: dict, run: dict) -> dict:
     return out
 
 
-def cmd_driver(models: str, out: str, only: list[str] | None, budget_s: float, one_wave: bool = False) -> int:
+def _hy_ref(name: str) -> str:
+    """hy_chain_sliding_graphs_bf16 -> hy_target_graphs_bf16: the target alone in the same mode."""
+    mode = "graphs_bf16" if name.endswith("_graphs_bf16") else name.rsplit("_", 1)[1]
+    return f"hy_target_{mode}"
+
+
+def cmd_driver(
+    models: str, out: str, only: list[str] | None, budget_s: float, one_wave: bool = False, runs_set: str = "attention"
+) -> int:
     os.makedirs(out, exist_ok=True)
     t_start = time.time()
-    runs = {k: (v[0], 0 if one_wave else v[1]) for k, v in RUNS.items() if not only or k in only}
+    chosen = run_set(runs_set)
+    runs = {k: (v[0], 0 if one_wave else v[1]) for k, v in chosen.items() if not only or k in only}
     results: dict = {}
     waves = sorted({w for _, w in runs.values()})
     for wave in waves:
@@ -462,8 +703,6 @@ def cmd_driver(models: str, out: str, only: list[str] | None, budget_s: float, o
             res = os.path.join(out, f"{name}.json")
             log = open(os.path.join(out, f"{name}.log"), "w")  # noqa: SIM115 - closed after the wave
             cmd = [sys.executable, str(HERE), "gen", "--result", res, "--model", f"{models}/target"]
-            if "--method" in args:
-                cmd += ["--drafter", f"{models}/drafter"]
             p = subprocess.Popen(cmd + args, stdout=log, stderr=subprocess.STDOUT)
             jobs.append((name, p, res, log))
         for name, p, res, log in jobs:
@@ -493,6 +732,13 @@ def cmd_driver(models: str, out: str, only: list[str] | None, budget_s: float, o
                 summary["lossless"][f"{name}_{dt}_vs_target_fa_{dt}"] = compare(fa, r)
             if name.startswith("ddtree") and "batch4" in r and "batch4" in ta:
                 summary["lossless"][f"{name}_{dt}_vs_target_tree_attn_{dt}"] = compare(ta, r)
+    for name, r in results.items():
+        # Hybrid runs: each against the target alone of the same dtype and graph mode.
+        if not name.startswith("hy_") or name.startswith("hy_target") or "sampled" in name:
+            continue
+        ref = results.get(_hy_ref(name), {})
+        if "batch4" in r and "batch4" in ref:
+            summary["lossless"][f"{name}_vs_{_hy_ref(name)}"] = compare(ref, r)
     for name, r in results.items():
         if "mean_acceptance_length_batch4" in r:
             summary["acceptance"][name] = {
@@ -526,16 +772,20 @@ def main() -> int:
     s.add_argument("site")
     s = sub.add_parser("make-models")
     s.add_argument("dir")
+    s = sub.add_parser("make-hybrid")
+    s.add_argument("dir")
     s = sub.add_parser("gen")
     s.add_argument("--result", required=True)
     s.add_argument("--model", required=True)
-    s.add_argument("--drafter")
+    s.add_argument("--drafter", help="the drafter's directory (default: DRAFTER_NAME beside the target)")
+    s.add_argument("--drafter-name", default="drafter")
     s.add_argument("--method")
     s.add_argument("--budget", type=int)
     s.add_argument("--backend")
     s.add_argument("--max-tokens", type=int, default=64)
     s.add_argument("--temperature", type=float, default=0.0)
     s.add_argument("--graphs", action="store_true")
+    s.add_argument("--hybrid", action="store_true", help="the target is a Qwen3.5/3.6 hybrid")
     s.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     s = sub.add_parser("driver")
     s.add_argument("models")
@@ -543,15 +793,18 @@ def main() -> int:
     s.add_argument("--only", nargs="*")
     s.add_argument("--budget-s", type=float, default=480)
     s.add_argument("--one-wave", action="store_true", help="run the selected runs all at once")
+    s.add_argument("--set", dest="runs_set", default="attention", help="attention, hybrid-base or hybrid")
     a = ap.parse_args()
     try:
         if a.cmd == "apply":
             return cmd_apply(a.site)
         if a.cmd == "make-models":
             return cmd_make_models(a.dir)
+        if a.cmd == "make-hybrid":
+            return cmd_make_hybrid(a.dir)
         if a.cmd == "gen":
             return cmd_gen(a)
-        return cmd_driver(a.models, a.out, a.only, a.budget_s, a.one_wave)
+        return cmd_driver(a.models, a.out, a.only, a.budget_s, a.one_wave, a.runs_set)
     except Exception:
         traceback.print_exc()
         return 1
