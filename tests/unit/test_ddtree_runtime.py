@@ -184,3 +184,31 @@ def test_sampled_rows_follow_the_target_distribution_and_greedy_rows_the_argmax(
 def test_budget_below_depth_is_refused(dd):
     with pytest.raises(ValueError, match="budget 3 < drafter depth 4"):
         dd.DDTreeRuntime(budget=3, depth=4, device=torch.device("cpu"))
+
+
+def test_mrope_rows_get_the_depth_positions_and_parent_rows_are_published(dd):
+    """M-RoPE targets read three position rows: all three move with the tree depth, then come back."""
+    step = Step(dd)
+    # Text tokens: the three rows equal the position plus the request's M-RoPE delta (here 100).
+    mrope = (step.positions + 100).repeat(3, 1)
+    before = mrope.clone()
+    step.rt.prepare_step(
+        ["b", "c", "a"],
+        step.num_draft,
+        step.qsl,
+        step.num_computed,
+        step.req_indices,
+        step.query_pos,
+        step.positions,
+        mrope_positions=mrope,
+    )
+    want = [110, 111, 112, 111, 112, 100, 101, 102, 120, 121, 122, 121, 122]
+    assert mrope.tolist() == [want] * 3
+    # Parent rows within each request (-1 for the root; the prefill c continues row by row).
+    assert dd.current_tree_parents().tolist() == [-1, 0, 1, 0, 3, -1, 0, 1, -1, 0, 1, 0, 3]
+    choices = [*[1, 0, 0, 3, 5], 6, *[0, 2, 0, 0, 0]]
+    step.rt.sample(one_hot_rows(choices), step.input_ids, step.num_draft, Sampling())
+    assert dd.current_tree_parents() is None
+    slots = torch.arange(13)
+    step.rt.compact([(slots, [torch.zeros(2, 4, 4, 1, 2)])], [], step.positions, mrope_positions=mrope)
+    assert torch.equal(mrope, before)
