@@ -46,7 +46,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
-sys.path.insert(0, str(REPO / "module_utils"))
+sys.path.insert(0, str(HERE.parent))
+from repo_module_utils import use_repo_module_utils  # noqa: E402
+
+use_repo_module_utils()
 
 VOCAB = 64
 HIDDEN = 256

@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""ms per verification step at real model shapes: the target alone, the DFlash chain and DDTree budgets.
+
+Random ("dummy") weights at the real shapes give real step costs: vLLM initialises them on the GPU
+from config.json alone, and as random weights accept nothing, every speculative step yields one
+token, so the decode time per step is what is compared. Each case is one vLLM process (one model
+per process) measuring every (batch, context) pair: a prefill-only pass and a pass of
+``--tokens`` more tokens on the same prompts, the difference divided by the steps the spec-decode
+counters report. CUDA graphs stay on (enforce_eager hides the per-step overhead).
+
+Shapes: ``8b`` (Qwen3-8B + Qwen3-8B-DFlash-b16) and ``27b`` (Qwen3.6-27B, the Gated DeltaNet
+hybrid, + Qwen3.6-27B-DFlash with its sliding-window layers). The drafters' config.json come from
+module_utils/dflash_drafter (what the drafter_config role writes), the 27B target's from
+tests/fakes/target_model.py (the real layout).
+
+    python3 benchmarks/step_cost.py plan --shapes 8b,27b              # cases and the time they need
+    python3 benchmarks/step_cost.py run --shapes 8b --out /tmp/steps   # needs vLLM 0.20.1 + the change set
+    python3 benchmarks/step_cost.py table /tmp/steps                   # the table, ratios to the chain
+
+A 27B case starts in about 3.5 minutes (compilation), an 8B case in about a minute, so one
+10-minute call holds the five 8B cases or two 27B cases: ``plan`` splits them into calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "fakes"))
+sys.path.insert(0, str(REPO / "tests" / "gpu"))
+from repo_module_utils import use_repo_module_utils  # noqa: E402
+
+use_repo_module_utils()
+
+DEPTH = 15  # block size 16
+METHODS = {"target": None, "chain": 0, "ddtree16": 16, "ddtree32": 32, "ddtree64": 64}
+BATCHES = (1, 8)
+CONTEXTS = (512, 8192)
+START_S = {"8b": 60, "27b": 215}  # start-up with compilation, measured on an H200 (docs/benchmarks.md)
+RUN_S = 40  # the four (batch, context) pairs of one case, estimated
+CALL_S = 560  # what one 10-minute call leaves for cases
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    mask_token_id: int
+    hybrid: bool
+
+
+SHAPES = {"8b": Shape("Qwen3-8B", 151669, False), "27b": Shape("Qwen3.6-27B", 248070, True)}
+
+
+def qwen3_8b_config() -> dict[str, Any]:
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def target_config(shape: str) -> dict[str, Any]:
+    if shape == "8b":
+        return qwen3_8b_config()
+    import target_model
+
+    return target_model.config()
+
+
+def drafter_tensors(published) -> dict[str, tuple[str, list[int]]]:
+    """The tensor names and shapes of a published DFlash drafter (its safetensors header)."""
+    h, hd, i = published.hidden_size, published.head_dim, published.intermediate_size
+    q, kv = published.num_attention_heads * hd, published.num_key_value_heads * hd
+    out: dict[str, tuple[str, list[int]]] = {
+        "fc.weight": ("BF16", [h, published.num_tapped_layers * h]),
+        "hidden_norm.weight": ("BF16", [h]),
+        "norm.weight": ("BF16", [h]),
+    }
+    per_layer = {
+        "input_layernorm.weight": [h],
+        "post_attention_layernorm.weight": [h],
+        "self_attn.q_proj.weight": [q, h],
+        "self_attn.k_proj.weight": [kv, h],
+        "self_attn.v_proj.weight": [kv, h],
+        "self_attn.o_proj.weight": [h, q],
+        "self_attn.q_norm.weight": [hd],
+        "self_attn.k_norm.weight": [hd],
+        "mlp.gate_proj.weight": [i, h],
+        "mlp.up_proj.weight": [i, h],
+        "mlp.down_proj.weight": [h, i],
+    }
+    for n in range(published.num_hidden_layers):
+        for name, dims in per_layer.items():
+            out[f"layers.{n}.{name}"] = ("BF16", dims)
+    return out
+
+
+def write_models(shape: str, root: Path) -> tuple[Path, Path]:
+    """config.json of the target and of its drafter, under root/<shape>/."""
+    import dflash_drafter
+
+    target = root / shape / "target"
+    drafter = root / shape / "drafter"
+    target.mkdir(parents=True, exist_ok=True)
+    drafter.mkdir(parents=True, exist_ok=True)
+    (target / "config.json").write_text(json.dumps(target_config(shape), indent=1))
+    name = {"8b": "Qwen3-8B-DFlash-b16", "27b": "Qwen3.6-27B-DFlash"}[shape]
+    published = next(p for p in dflash_drafter.PUBLISHED if p.name == name)
+    sliding = "sliding_attention" in published.layer_types
+    text, _config, _report = dflash_drafter.generate(
+        drafter_tensors(published),
+        str(target),
+        block_size=DEPTH + 1,
+        mask_token_id=SHAPES[shape].mask_token_id,
+        layer_types=list(published.layer_types) if sliding else None,
+        sliding_window=published.sliding_window,
+    )
+    (drafter / "config.json").write_text(text)
+    return target, drafter
+
+
+# ---------------------------------------------------------------------------
+def plan(shapes: list[str], methods: list[str]) -> list[list[tuple[str, str]]]:
+    """The (shape, method) cases packed into calls of CALL_S seconds, in order."""
+    calls: list[list[tuple[str, str]]] = []
+    used = CALL_S
+    for shape in shapes:
+        per_case = START_S[shape] + RUN_S
+        for method in methods:
+            if used + per_case > CALL_S:
+                calls.append([])
+                used = 0
+            calls[-1].append((shape, method))
+            used += per_case
+    return calls
+
+
+def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each result row with its ratio to the chain of the same shape, batch and context."""
+    chain = {(r["shape"], r["batch"], r["context"]): r["ms_per_step"] for r in results if r["method"] == "chain"}
+    out = []
+    for r in results:
+        base = chain.get((r["shape"], r["batch"], r["context"]))
+        row = dict(r)
+        row["vs_chain"] = round(r["ms_per_step"] / base, 3) if base and r.get("ms_per_step") else None
+        out.append(row)
+    return out
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    order = list(METHODS)
+    rows = sorted(ratios(results), key=lambda r: (r["shape"], r["context"], r["batch"], order.index(r["method"])))
+    lines = ["| shape | context | batch | method | ms/step | x chain |", "| --- | ---: | ---: | --- | ---: | ---: |"]
+    for r in rows:
+        ms = "-" if r.get("ms_per_step") is None else f"{r['ms_per_step']:.2f}"
+        vs = "-" if r["vs_chain"] is None else f"{r['vs_chain']:.3f}"
+        lines.append(f"| {r['shape']} | {r['context']} | {r['batch']} | {r['method']} | {ms} | {vs} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+def _drafts(llm) -> float:
+    for m in llm.get_metrics():
+        if m.name == "vllm:spec_decode_num_drafts":
+            return float(getattr(m, "value", 0) or 0)
+    return 0.0
+
+
+def run_case(shape: str, method: str, root: Path, tokens: int) -> list[dict[str, Any]]:
+    """One vLLM process: every (batch, context) pair of one (shape, method)."""
+    import random
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    target, drafter = write_models(shape, root)
+    kw: dict[str, Any] = dict(
+        model=str(target),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        max_model_len=max(CONTEXTS) + tokens + 64,
+        max_num_seqs=max(BATCHES),
+        enable_prefix_caching=False,
+        gpu_memory_utilization=0.9,
+        disable_log_stats=False,
+    )
+    if SHAPES[shape].hybrid:
+        kw["language_model_only"] = True
+        kw["additional_config"] = {"gdn_prefill_backend": "triton"}
+    budget = METHODS[method]
+    if budget is not None:
+        spec: dict[str, Any] = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": DEPTH}
+        if budget:
+            spec.update(method="ddtree", ddtree_budget=budget)
+        kw["speculative_config"] = spec
+    t0 = time.time()
+    llm = LLM(**kw)
+    start_s = time.time() - t0
+    vocab = target_config(shape).get("vocab_size") or target_config(shape)["text_config"]["vocab_size"]
+    rng = random.Random(0)
+    out = []
+    for context in CONTEXTS:
+        for batch in BATCHES:
+            prompts = [
+                TokensPrompt(prompt_token_ids=[rng.randrange(vocab // 2) for _ in range(context)]) for _ in range(batch)
+            ]
+            one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, detokenize=False)
+            many = SamplingParams(temperature=0, max_tokens=1 + tokens, ignore_eos=True, detokenize=False)
+            llm.generate(prompts, one)  # warm-up of this shape
+            t = time.time()
+            llm.generate(prompts, one)
+            prefill = time.time() - t
+            d0 = _drafts(llm)
+            t = time.time()
+            llm.generate(prompts, many)
+            total = time.time() - t
+            steps = (_drafts(llm) - d0) / batch if budget is not None else tokens
+            steps = steps or tokens
+            out.append(
+                {
+                    "shape": shape,
+                    "method": method,
+                    "batch": batch,
+                    "context": context,
+                    "steps": steps,
+                    "ms_per_step": round(1000 * (total - prefill) / steps, 3),
+                    "start_s": round(start_s, 1),
+                }
+            )
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("plan", "run"):
+        s = sub.add_parser(name)
+        s.add_argument("--shapes", default="8b,27b")
+        s.add_argument("--methods", default=",".join(METHODS))
+    s = sub.choices["run"]
+    s.add_argument("--out", required=True, type=Path)
+    s.add_argument("--tokens", type=int, default=128)
+    s = sub.add_parser("case")
+    s.add_argument("shape")
+    s.add_argument("method")
+    s.add_argument("--out", required=True, type=Path)
+    s.add_argument("--tokens", type=int, default=128)
+    s = sub.add_parser("table")
+    s.add_argument("dir", type=Path)
+    a = ap.parse_args()
+    if a.cmd in ("plan", "run"):
+        shapes, methods = a.shapes.split(","), a.methods.split(",")
+        unknown = sorted(set(shapes) - set(SHAPES)) + sorted(set(methods) - set(METHODS))
+        if unknown:
+            raise SystemExit(
+                f"unknown shapes or methods: {', '.join(unknown)} (shapes {list(SHAPES)}, methods {list(METHODS)})"
+            )
+    if a.cmd == "plan":
+        for n, call in enumerate(plan(shapes, methods), 1):
+            print(f"call {n}: " + ", ".join(f"{s}/{m}" for s, m in call))
+        return 0
+    if a.cmd == "case":
+        a.out.mkdir(parents=True, exist_ok=True)
+        rows = run_case(a.shape, a.method, a.out / "models", a.tokens)
+        (a.out / f"{a.shape}_{a.method}.json").write_text(json.dumps(rows, indent=1))
+        return 0
+    if a.cmd == "run":
+        a.out.mkdir(parents=True, exist_ok=True)
+        for shape in shapes:
+            for method in methods:
+                log = a.out / f"{shape}_{method}.log"
+                cmd = [sys.executable, __file__, "case", shape, method, "--out", str(a.out), "--tokens", str(a.tokens)]
+                with log.open("w") as f:
+                    rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=os.environ).returncode
+                print(f"{shape}/{method}: rc={rc}", flush=True)
+        a.dir = a.out
+    results = [r for f in sorted(a.dir.glob("*.json")) for r in json.loads(f.read_text())]
+    print(table(results))
+    (a.dir / "summary.md").write_text(table(results) + "\n")
+    return 0 if results else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

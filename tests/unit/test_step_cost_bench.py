@@ -1,0 +1,66 @@
+"""benchmarks/step_cost.py's CPU side: the real-shape configs it writes, the call plan and the table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    saved = list(sys.path)
+    spec = importlib.util.spec_from_file_location("step_cost", REPO / "benchmarks" / "step_cost.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["step_cost"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    sys.path[:] = saved
+    del sys.modules["step_cost"]
+
+
+def test_the_27b_pair_is_the_hybrid_with_its_sliding_drafter(bench, tmp_path):
+    target, drafter = bench.write_models("27b", tmp_path)
+    t = json.loads((target / "config.json").read_text())
+    d = json.loads((drafter / "config.json").read_text())
+    assert t["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    assert t["text_config"]["layer_types"].count("linear_attention") == 48
+    assert d["layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
+    assert d["sliding_window"] == 2048
+    assert d["dflash_config"] == {"mask_token_id": 248070, "target_layer_ids": [1, 16, 31, 46, 61]}
+    assert (d["hidden_size"], d["intermediate_size"], d["num_hidden_layers"]) == (5120, 17408, 5)
+
+
+def test_the_8b_pair(bench, tmp_path):
+    _target, drafter = bench.write_models("8b", tmp_path)
+    d = json.loads((drafter / "config.json").read_text())
+    assert d["dflash_config"] == {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]}
+    assert "layer_types" not in d or d["layer_types"] == ["full_attention"] * 5
+
+
+def test_the_plan_fits_each_call(bench):
+    calls = bench.plan(["8b", "27b"], list(bench.METHODS))
+    assert calls[0] == [("8b", m) for m in bench.METHODS]
+    assert [len(c) for c in calls[1:]] == [2, 2, 1]
+    for call in calls:
+        assert sum(bench.START_S[s] + bench.RUN_S for s, _m in call) <= bench.CALL_S
+
+
+def test_the_table_gives_each_row_its_ratio_to_the_chain(bench):
+    rows = [
+        {"shape": "8b", "method": "chain", "batch": 1, "context": 512, "ms_per_step": 7.5},
+        {"shape": "8b", "method": "ddtree16", "batch": 1, "context": 512, "ms_per_step": 9.0},
+        {"shape": "8b", "method": "target", "batch": 1, "context": 512, "ms_per_step": 5.0},
+        {"shape": "8b", "method": "ddtree16", "batch": 8, "context": 512, "ms_per_step": 20.0},
+    ]
+    assert bench.table(rows).splitlines()[2:] == [
+        "| 8b | 512 | 1 | target | 5.00 | 0.667 |",
+        "| 8b | 512 | 1 | chain | 7.50 | 1.000 |",
+        "| 8b | 512 | 1 | ddtree16 | 9.00 | 1.200 |",
+        "| 8b | 512 | 8 | ddtree16 | 20.00 | - |",
+    ]
