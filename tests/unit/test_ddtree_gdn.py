@@ -52,6 +52,17 @@ def interpreter_scalar_index():
     interpreter._patch_lang_tensor = original
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_vllm_left_behind():
+    """The stand-in vllm modules the kernels and the runtime load go when this module's tests end
+    (other tests check that vLLM itself was never imported)."""
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name == "vllm" or name.startswith("vllm."):
+            del sys.modules[name]
+
+
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
     paths = list(GDN_KERNELS.values())
