@@ -270,53 +270,72 @@ def test_a_tree_convolution_needs_width_four(kernels):
 # ---------------------------------------------------------------------------
 # the commit: the next step resumes from the accepted path
 def test_the_next_step_resumes_from_the_last_accepted_node(kernels):
-    """A tree step, the walk, the commit, then the stock chain kernels on one more token: its
-    output must equal the reference run over the accepted path alone."""
+    """A tree step, the walk, the commit, then the stock kernels on one more token, on both paths a
+    next step can take (spec decoding, and no drafts at all): the reference over the path alone."""
     ddtree = load_ddtree_runtime()
     parents = [-1, 0, 0, 1, 2, 4]  # rows; nodes are rows 1..5 (node n = row n + 1)
     n = len(parents) - 1
     rows = [n + 1]
     x, conv_state, weight, bias = conv_inputs(rows, budget=n, seed=11)
     conv_before = conv_state.clone()
-    conv = kernels["patched"]["causal_conv1d"]
-    rec = kernels["patched"]["fused_sigmoid_gating"]
-    run_conv(conv, x, conv_state, weight, bias, rows, parents, [1])
+    run_conv(kernels["patched"]["causal_conv1d"], x, conv_state, weight, bias, rows, parents, [1])
     inputs, h0 = recurrent_inputs(rows, seed=12)
-    _out, ssm_state, indices, _cu = run_recurrent(rec, inputs, h0, rows, parents, [1])
+    _out, ssm_state, indices, _cu = run_recurrent(
+        kernels["patched"]["fused_sigmoid_gating"], inputs, h0, rows, parents, [1]
+    )
 
     # The walk accepted nodes 1, 3, 4 (rows 2, 4, 5): a path off the first rows.
     runtime = ddtree.DDTreeRuntime(budget=n, depth=3, device=torch.device("cpu"))
-    node_parent = torch.tensor([[p - 1 for p in parents[1:]]])
-    step = ddtree._StepTrees(
+    runtime._step = ddtree._StepTrees(
         num_reqs=1,
         has_drafts=torch.tensor([True]),
         has_tree=torch.tensor([True]),
         num_drafts=torch.tensor([n]),
         query_start=torch.tensor([0]),
-        parent=node_parent,
+        parent=torch.tensor([[p - 1 for p in parents[1:]]]),
         depth=torch.tensor([[1, 1, 2, 2, 3]]),
         ancestor_mask=torch.ones(1, n + 1, n + 1, dtype=torch.bool),
         seq_positions=torch.zeros(n + 1, dtype=torch.int64),
         accepted_nodes=torch.tensor([[1, 3, 4]]),
         num_accepted=torch.tensor([3]),
     )
-    runtime._step = step
-    group = ddtree.RecurrentGroup(conv_states=[conv_state], cache_lines=torch.tensor([1]), width=WIDTH)
-    runtime.compact([], [], torch.zeros(n + 1, dtype=torch.int64), recurrent=[group])
+    # The request's conv line is its first state slot in vLLM; here the two tensors were made
+    # apart, so each gets a group of its own with the request's slots (conv line 1).
+    conv_slots = torch.zeros_like(indices)
+    conv_slots[0, 0] = 1
+    runtime.compact(
+        [],
+        [],
+        torch.zeros(n + 1, dtype=torch.int64),
+        recurrent=[
+            ddtree.RecurrentGroup(conv_states=[conv_state], ssm_states=[], state_slots=conv_slots, width=WIDTH),
+            ddtree.RecurrentGroup(conv_states=[], ssm_states=[ssm_state], state_slots=indices, width=WIDTH),
+        ],
+    )
     counts = torch.tensor([4], dtype=torch.int32)  # what the runner counted: 3 accepted + bonus
     runtime.resume_recurrent_state(counts)
-    assert counts.tolist() == [6]  # resume from row 5's slot
+    assert counts.tolist() == [1]  # resume from the first slot
 
     path = [0, 2, 4, 5]
     assert ancestors(parents, 5) == path
-    # Next step: one new token, the stock (chain) kernels, reading what the commit left.
-    x2, _s, _w, _b = conv_inputs([1], budget=n, seed=13)
-    stock_conv = kernels["stock"]["causal_conv1d"]
-    out2, _ = run_conv(stock_conv, x2[:1], conv_state, weight, bias, [1], None, counts.tolist())
     history = conv_before[1, :, 0 : WIDTH - 1]
+    x2, _s, _w, _b = conv_inputs([1], budget=n, seed=13)
     want = reference_conv(history, [x[j] for j in path] + [x2[0]], weight, bias)
-    torch.testing.assert_close(out2[0], want, rtol=1e-5, atol=1e-5)
-    # The recurrent state the next step starts from: the state after the accepted path.
+    stock_conv = kernels["stock"]["causal_conv1d"]
+    # Next step with drafts (the spec path, accepted-token count 1) ...
+    out_spec, _ = run_conv(stock_conv, x2[:1], conv_state.clone(), weight, bias, [1], None, counts.tolist())
+    torch.testing.assert_close(out_spec[0], want, rtol=1e-5, atol=1e-5)
+    # ... and without any (vLLM's non-spec decode reads the first window entries of the line).
+    out_plain = stock_conv.causal_conv1d_update(
+        x2[:1].clone(),
+        conv_state.clone(),
+        weight,
+        bias,
+        "silu",
+        conv_state_indices=torch.tensor([1], dtype=torch.int32),
+    )
+    torch.testing.assert_close(out_plain[0], want, rtol=1e-5, atol=1e-5)
+    # Both read the first slot's recurrent state: the state after the accepted path.
     h = h0[0]
     for j in path:
         h, _o = reference_step(
@@ -329,4 +348,43 @@ def test_the_next_step_resumes_from_the_last_accepted_node(kernels):
             inputs["A_log"],
             inputs["dt_bias"],
         )
-    torch.testing.assert_close(ssm_state[indices[0, counts[0] - 1]], h, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ssm_state[indices[0, 0]], h, rtol=1e-4, atol=1e-5)
+
+
+def test_requests_without_drafts_keep_their_state():
+    ddtree = load_ddtree_runtime()
+    runtime = ddtree.DDTreeRuntime(budget=3, depth=3, device=torch.device("cpu"))
+    conv = torch.randn(3, DIM, WIDTH - 1 + 3)
+    ssm = torch.randn(9, HV, V, K)
+    conv0, ssm0 = conv.clone(), ssm.clone()
+    runtime._step = ddtree._StepTrees(
+        num_reqs=2,
+        has_drafts=torch.tensor([False, False]),
+        has_tree=torch.tensor([False, False]),
+        num_drafts=torch.tensor([0, 0]),
+        query_start=torch.tensor([0, 4]),
+        parent=torch.full((2, 3), -1),
+        depth=torch.ones(2, 3, dtype=torch.int64),
+        ancestor_mask=torch.ones(2, 4, 4, dtype=torch.bool),
+        seq_positions=torch.zeros(8, dtype=torch.int64),
+        accepted_nodes=torch.full((2, 3), -1),
+        num_accepted=torch.tensor([0, 0]),
+    )
+    runtime.compact(
+        [],
+        [],
+        torch.zeros(8, dtype=torch.int64),
+        recurrent=[
+            ddtree.RecurrentGroup(
+                conv_states=[conv], ssm_states=[], state_slots=torch.tensor([[1, 0, 0, 0], [2, 0, 0, 0]]), width=WIDTH
+            ),
+            ddtree.RecurrentGroup(
+                conv_states=[], ssm_states=[ssm], state_slots=torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]), width=WIDTH
+            ),
+        ],
+    )
+    counts = torch.tensor([1, 0], dtype=torch.int32)
+    runtime.resume_recurrent_state(counts)
+    assert counts.tolist() == [1, 0]
+    assert torch.equal(conv, conv0)
+    assert torch.equal(ssm, ssm0)

@@ -165,6 +165,9 @@ def test_patched_sources_carry_the_fixes(venv):
     assert "self.attn.impl.sliding_window = (sliding_window - 1, 0)" in drafter
     gdn = (site / "vllm/model_executor/layers/mamba/gdn_linear_attn.py").read_text()
     assert gdn.count("parent_rows=tree_parents,") == 2
+    assert "a_spec = a.index_select(0, spec_token_indx)" in gdn
+    config = (site / "vllm/config/vllm.py").read_text()
+    assert "DDTree on a hybrid target needs prefix caching off" in config
     kernel = (site / "vllm/v1/attention/ops/triton_unified_attention.py").read_text()
     assert "+ seq_idx * qq_bias_stride_seq" in kernel
 
@@ -651,6 +654,9 @@ def test_sliding_window_drafter_layers_run_causal_over_their_window(patched_site
     assert rule(sized, 0) == (512, True)
     flag = Obj(layer_types=None, sliding_window=64, dflash_config={"use_swa": True})
     assert rule(flag, 2) == (64, False)
+    # use_swa with layer_types that mark no layer sliding: every layer slides (as 0.26.0 reads it).
+    all_full = Obj(layer_types=["full_attention"] * 5, sliding_window=64, dflash_config={"use_swa": True})
+    assert [rule(all_full, i) for i in range(5)] == [(64, False)] * 5
     forced = Obj(layer_types=QWEN36_LAYER_TYPES, sliding_window=2048, dflash_config={"causal": False})
     assert rule(forced, 0) == (2048, False)
     no_window = Obj(layer_types=QWEN36_LAYER_TYPES, sliding_window=None, dflash_config={})

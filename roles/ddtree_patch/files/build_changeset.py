@@ -19,7 +19,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT.parents[2] / "module_utils"))
+# module_utils import each other as ansible.module_utils.*: make that resolve here too.
+sys.path.insert(0, str(ROOT.parents[2] / "tests" / "gpu"))
+from repo_module_utils import use_repo_module_utils  # noqa: E402
+
+use_repo_module_utils()
 
 from vllm_changeset import (  # noqa: E402
     changeset_dir,

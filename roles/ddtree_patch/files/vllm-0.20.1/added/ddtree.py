@@ -27,12 +27,11 @@ On hybrid targets (Gated DeltaNet layers, e.g. Qwen3.5/3.6) the verified
 tokens' recurrent state follows the tree too: ``current_tree_parents`` gives
 the GDN kernels each token's parent row, so a node continues its parent's
 convolution window and recurrent state (every row's state goes to its own
-state slot, as in a chain). ``compact`` then commits the accepted path: the
-next step resumes from the last accepted node's state slot
-(``resume_recurrent_state`` points the runner's accepted-token count at it)
-and the convolution window ending there is rewritten to hold that node's
-ancestors. M-RoPE targets get the same depth-based positions in all three
-position rows.
+state slot, as in a chain). ``compact`` then commits the accepted path into
+the request's first slot and the start of its convolution window, the place
+every next step reads, with or without drafts (``resume_recurrent_state``
+sets the runner's accepted-token count to 1 to match). M-RoPE targets get the
+same depth-based positions in all three position rows.
 
 Trees are kept per request id between steps, so requests may join, leave or
 be reordered. Requests with draft tokens but no stored tree (drafting was
@@ -85,11 +84,14 @@ def _set_tree_parents(parents: torch.Tensor | None) -> None:
 
 @dataclass
 class RecurrentGroup:
-    """The convolution states of one KV-cache group of Gated DeltaNet layers
-    (each ``[cache_lines, dim, window]``) and each request's cache line."""
+    """One KV-cache group of Gated DeltaNet layers: their convolution states
+    (each ``[cache_lines, dim, window]``), recurrent states (each
+    ``[slots, ...]``) and each request's state slots (row ``j`` of a verified
+    request is written to ``state_slots[req, j]``; slot 0 is also its conv line)."""
 
     conv_states: list[torch.Tensor]
-    cache_lines: torch.Tensor  # [num_reqs] int
+    ssm_states: list[torch.Tensor]
+    state_slots: torch.Tensor  # [num_reqs, 1 + budget] int
     width: int  # the convolution's kernel width
 
 
@@ -142,7 +144,7 @@ class DDTreeRuntime:
         self._node_ids = torch.arange(n + 1, device=device)
         # Hybrid targets: the accepted-token count the recurrent layers resume
         # from next step, per request of the step just compacted.
-        self._resume: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._resume: torch.Tensor | None = None  # has_drafts of the step compacted
         logger.info("DDTree: budget %d nodes, drafter depth %d.", budget, depth)
 
     def _warn_once(self, key: str, msg: str) -> None:
@@ -406,15 +408,17 @@ class DDTreeRuntime:
     # Hybrid targets: commit the accepted path's recurrent state
     # ------------------------------------------------------------------
     def _commit_recurrent(self, step: _StepTrees, groups: list[RecurrentGroup]) -> None:
-        """Point next step's recurrent layers at the last accepted node.
+        """Commit the last accepted node's recurrent state where the next step reads it.
 
-        The state after every verified row is in that row's state slot, so
-        resuming from the last accepted row ``r`` needs only the accepted-token
-        count ``r + 1`` (the layers read slot ``count - 1``). The convolution
-        window resumes from entries ``r .. r + width - 2`` of the conv state
-        (row ``j`` at entry ``width - 2 + j``, history below): those entries
-        must hold ``r``'s ancestors, not the rows before it. A chain, and a
-        path along the first rows, leaves both as they are.
+        Every verified row ``j`` left its recurrent state in slot ``j`` and its
+        input at conv-window entry ``width - 2 + j`` (history below). The next
+        step reads slot 0 and entries ``0 .. width - 2`` when the runner's
+        accepted-token count is 1, and so does a step that schedules the
+        request without drafts (vLLM's non-spec path always does). So the last
+        accepted row ``r`` is copied into slot 0 and its window (its ancestors'
+        inputs, then its own) into the first entries. Rows without drafts are
+        left alone; a request that accepted nothing (``r == 0``) is already in
+        place.
         """
         num_reqs = step.num_reqs
         acc = step.accepted_nodes
@@ -422,36 +426,36 @@ class DDTreeRuntime:
         assert acc is not None and num is not None
         last_node = acc.gather(1, (num - 1).clamp(min=0).view(-1, 1)).view(-1)
         last_row = torch.where((num > 0) & step.has_tree, last_node + 1, 0)
-        self._resume = (last_row + 1, step.has_drafts)
+        self._resume = step.has_drafts
         for group in groups:
             val = group.width - 2  # entry of row 0
             cur = val + last_row
-            src, dst = [], []
-            for k in range(1, group.width - 1):
-                dst.append(val + last_row - k)
+            src = [cur]
+            for _k in range(1, group.width - 1):
                 is_row = cur > val
                 row = (cur - val).clamp(min=1)
                 parent_row = step.parent.gather(1, (row - 1).view(-1, 1)).view(-1) + 1
                 cur = torch.where(is_row, val + parent_row, cur - 1)
                 src.append(cur)
-            if not src:
-                continue
-            src_t = torch.stack(src, 1)  # [R, width - 2]
-            dst_t = torch.stack(dst, 1)
-            # Requests without a tree keep their window (src == dst).
-            src_t = torch.where(step.has_tree.view(-1, 1), src_t, dst_t)
-            lines = group.cache_lines[:num_reqs].to(torch.int64).view(-1, 1).expand_as(src_t)
+            src_t = torch.stack(src[::-1], 1)  # [R, width - 1]: oldest first
+            dst_t = torch.arange(group.width - 1, device=src_t.device).expand_as(src_t)
+            src_t = torch.where(step.has_drafts.view(-1, 1), src_t, dst_t)
+            slots = group.state_slots[:num_reqs].to(torch.int64)
+            lines = slots[:, :1].expand_as(src_t)
             for conv in group.conv_states:
                 conv[lines, :, dst_t] = conv[lines, :, src_t]
+            first = slots[:, 0]
+            last = slots.gather(1, torch.where(step.has_drafts, last_row, 0).view(-1, 1)).view(-1)
+            for ssm in group.ssm_states:
+                ssm[first] = ssm[last]
 
     def resume_recurrent_state(self, num_accepted_tokens: torch.Tensor) -> None:
-        """After the runner counted accepted tokens: the recurrent layers of
-        requests verified as trees resume from their last accepted node."""
-        pending = self._resume
+        """After the runner counted accepted tokens: requests verified this step
+        resume from their first slot, where ``compact`` committed the path."""
+        has_drafts = self._resume
         self._resume = None
-        if pending is None:
+        if has_drafts is None:
             return
-        resume, has_drafts = pending
-        n = min(resume.shape[0], num_accepted_tokens.shape[0])
+        n = min(has_drafts.shape[0], num_accepted_tokens.shape[0])
         counts = num_accepted_tokens[:n]
-        counts.copy_(torch.where(has_drafts[:n], resume[:n].to(counts.dtype), counts))
+        counts.copy_(torch.where(has_drafts[:n], torch.ones_like(counts), counts))
