@@ -162,27 +162,9 @@ def cmd_apply(site: str) -> int:
 
 
 # ---------------------------------------------------------------------------
-def _drafter_config(root: str, tensors: dict) -> dict:
-    """The drafter's config.json as the drafter_config role emits it (module_utils/dflash_drafter).
-
-    No hand-written fallback: the proof is that vLLM runs the config the project generates.
-    """
-    import dflash_drafter
-
-    _text, config, _report = dflash_drafter.generate(
-        tensors,
-        os.path.join(root, "target"),
-        block_size=DEPTH + 1,
-        mask_token_id=MASK_TOKEN_ID,
-        target_layer_ids=TARGET_LAYER_IDS,
-    )
-    return config
-
-
 def cmd_make_models(root: str) -> int:
     import torch
-    from safetensors.torch import save_file
-    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3Model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     os.makedirs(root, exist_ok=True)
     common = dict(
@@ -216,25 +198,7 @@ def cmd_make_models(root: str) -> int:
     # Computed in float32 on the bf16-rounded weights: those are the weights vLLM loads.
     target = target.to(torch.bfloat16).float().to(dev).eval()
     chosen, choice_report = choose_prompts(target)
-    finals, emitted = [], []
-    with torch.no_grad():
-        for p in chosen:
-            ids = torch.tensor([p], device=dev)
-            for _ in range(48):
-                u = target.model(ids).last_hidden_state[0, -1]  # after the final norm
-                finals.append(u)
-                nxt = target.lm_head(u).argmax()
-                emitted.append(int(nxt))
-                ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
-        mean_dir = torch.stack(finals).mean(0)
-        mean_dir = mean_dir / mean_dir.norm()
-        # The drafter shares this embedding table: its mask token's embedding dominates the
-        # drafter's residual stream, so its output is close to the target's average output
-        # direction: it drafts the target's most frequent tokens, best first, at every depth.
-        target.model.embed_tokens.weight[MASK_TOKEN_ID] = 100.0 * mean_dir
-        drafter_like = (16.0 * DRAFTER_SHARPNESS * target.lm_head.weight @ mean_dir).float()
-        top_v, top_i = drafter_like.topk(5)
-    counts = {t: emitted.count(t) for t in sorted(set(emitted))}
+    steer = _steer_drafter(target, target.model, chosen, dev)
     target = target.to(torch.bfloat16).float()  # the mask embedding as vLLM will load it
     final_gaps = [min(greedy_margins(target, [p], GEN_TOKENS)[1][0]) for p in chosen]
     target = target.to("cpu").to(torch.bfloat16)
@@ -242,34 +206,12 @@ def cmd_make_models(root: str) -> int:
     write_tokenizer(os.path.join(root, "target"))
     with open(os.path.join(root, "prompts.json"), "w") as f:
         json.dump({"prompts": chosen, "min_gap_fp32": [round(x, 5) for x in final_gaps]}, f)
-
-    torch.manual_seed(SEED + 1)
-    dcfg = Qwen3Config(num_hidden_layers=LAYERS_DRAFT, **common)
-    body = Qwen3Model(dcfg).to(torch.bfloat16)
-    sd = {
-        k: v.contiguous()
-        for k, v in body.state_dict().items()
-        if not k.startswith("embed_tokens") and "rotary_emb" not in k
-    }
-    gd = torch.Generator().manual_seed(SEED + 2)
-    sd["fc.weight"] = (torch.randn(HIDDEN, HIDDEN * len(TARGET_LAYER_IDS), generator=gd) * 0.02).to(torch.bfloat16)
-    sd["hidden_norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
-    # Sharpen the drafter: its final norm scales its logits, so it is confident about the
-    # target's most frequent token and gives the runner-up a real share (a tree then holds
-    # both), instead of a nearly flat distribution over the vocabulary.
-    sd["norm.weight"] = torch.full((HIDDEN,), DRAFTER_SHARPNESS, dtype=torch.bfloat16)
-    d = os.path.join(root, "drafter")
-    os.makedirs(d, exist_ok=True)
-    save_file(sd, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
-    tensors = {k: ("BF16", list(v.shape)) for k, v in sd.items()}
-    config = _drafter_config(root, tensors)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
+    sd = _drafter_tensors(LAYERS_DRAFT, SEED + 1, len(TARGET_LAYER_IDS))
+    config = _write_drafter(root, "drafter", sd, os.path.join(root, "target"), target_layer_ids=TARGET_LAYER_IDS)
     info = {
         "prompt_choice": choice_report,
         "chosen_prompts_min_gap_fp32": [round(x, 5) for x in final_gaps],
-        "target_greedy_token_counts_hf_fp32": counts,
-        "drafter_like_top5": {"tokens": top_i.tolist(), "logits": [round(float(v), 3) for v in top_v]},
+        **steer,
         "drafter_config_source": "module_utils/dflash_drafter.generate",
         "drafter_config": config,
     }
@@ -370,7 +312,10 @@ def _steer_drafter(target, language_model, chosen: list[list[int]], dev: str) ->
 
 
 def _write_drafter(root: str, name: str, sd: dict, target_dir: str, **layers) -> dict:
-    """The drafter's weights and the config.json that module_utils/dflash_drafter generates for them."""
+    """The drafter's weights and the config.json that module_utils/dflash_drafter generates for them.
+
+    No hand-written config: the proof is that vLLM runs the config the project generates.
+    """
     import dflash_drafter
     from safetensors.torch import save_file
 
@@ -412,6 +357,9 @@ def _drafter_tensors(num_layers: int, seed: int, num_taps: int) -> dict:
     gd = torch.Generator().manual_seed(seed + 1)
     sd["fc.weight"] = (torch.randn(HIDDEN, HIDDEN * num_taps, generator=gd) * 0.02).to(torch.bfloat16)
     sd["hidden_norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
+    # Sharpen the drafter: its final norm scales its logits, so it is confident about the
+    # target's most frequent token and gives the runner-up a real share (a tree then holds
+    # both), instead of a nearly flat distribution over the vocabulary.
     sd["norm.weight"] = torch.full((HIDDEN,), DRAFTER_SHARPNESS, dtype=torch.bfloat16)
     return sd
 
