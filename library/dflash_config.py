@@ -3,14 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import time
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_drafter import DFlashConfigError, generate
-from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, read_regular
-from ansible.module_utils.safetensors_header import SafetensorsError, inspect_path
-
 DOCUMENTATION = r"""
 ---
 module: dflash_config
@@ -125,6 +117,14 @@ backup_file:
   type: str
   sample: /opt/models/Qwen3.6-27B-DFlash/config.json.1234.2026-11-30@08:00:00~
 """
+
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_drafter import DFlashConfigError, generate
+from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, read_regular
+from ansible.module_utils.safetensors_header import SafetensorsError, inspect_path
 
 ARGUMENT_SPEC = {
     "drafter": {"type": "path", "required": True},

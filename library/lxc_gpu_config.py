@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvidia_gpu import check_container_config, parse_lxc_config, parse_proc_devices
-from ansible.module_utils.nvidia_gpu_probe import stat_node
-
 DOCUMENTATION = r"""
 ---
 module: lxc_gpu_config
@@ -96,6 +92,10 @@ config:
   returned: always
   type: dict
 """
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.nvidia_gpu import check_container_config, parse_lxc_config, parse_proc_devices
+from ansible.module_utils.nvidia_gpu_probe import stat_node
 
 
 def build_module() -> AnsibleModule:

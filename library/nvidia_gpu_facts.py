@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvidia_gpu_probe import Runner, gather
-
 DOCUMENTATION = r"""
 ---
 module: nvidia_gpu_facts
@@ -180,6 +177,9 @@ holders:
            "local": [{"pid": 812, "comm": "python3", "unit": "sglang-qwen.service",
                       "devices": ["/dev/nvidia0", "/dev/nvidiactl"]}]}
 """
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.nvidia_gpu_probe import Runner, gather
 
 THRESHOLD_OPTIONS = {
     "gpu_count": {"type": "int"},

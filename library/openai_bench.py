@@ -3,33 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
-import threading
-import time
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.openai_bench import (
-    DONE,
-    BenchError,
-    RequestTiming,
-    level_summary,
-    parse_sse_line,
-    plan_requests,
-    request_timing,
-    run_summary,
-    validate_prompts,
-    validate_sweep,
-)
-from ansible.module_utils.openai_http import Answer, HttpError, build_opener, send
-from ansible.module_utils.openai_probe import (
-    MetricsParseError,
-    SpecCounters,
-    counters_delta,
-    parse_prometheus_text,
-    spec_decode_counters,
-)
-
 DOCUMENTATION = r"""
 ---
 module: openai_bench
@@ -157,6 +130,33 @@ metrics_available:
   returned: success
   sample: true
 """
+
+import contextlib
+import json
+import threading
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.openai_bench import (
+    DONE,
+    BenchError,
+    RequestTiming,
+    level_summary,
+    parse_sse_line,
+    plan_requests,
+    request_timing,
+    run_summary,
+    validate_prompts,
+    validate_sweep,
+)
+from ansible.module_utils.openai_http import Answer, HttpError, build_opener, send
+from ansible.module_utils.openai_probe import (
+    MetricsParseError,
+    SpecCounters,
+    counters_delta,
+    parse_prometheus_text,
+    spec_decode_counters,
+)
 
 
 def build_module() -> AnsibleModule:

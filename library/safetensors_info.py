@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.safetensors_header import SafetensorsError, inspect_path
-
 DOCUMENTATION = r"""
 ---
 module: safetensors_info
@@ -104,6 +101,9 @@ index:
   type: str
   sample: /opt/models/Qwen3.6-27B/model.safetensors.index.json
 """
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.safetensors_header import SafetensorsError, inspect_path
 
 ARGUMENT_SPEC = {
     "path": {"type": "path", "required": True},

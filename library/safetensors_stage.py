@@ -3,48 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import grp
-import hashlib
-import os
-import pwd
-import stat
-import time
-from collections.abc import Iterator
-from typing import Any
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.model_stage import (
-    INDEX_NAME,
-    MAX_RECORD_BYTES,
-    SIDECAR_NAME,
-    TEMP_PREFIX,
-    TEMP_SUFFIX,
-    DestFile,
-    NewSet,
-    SourceFile,
-    StageError,
-    build_index,
-    check_exchange,
-    check_index,
-    check_space,
-    describe,
-    expected_digests,
-    fsync_path,
-    leftovers,
-    parse_sidecar,
-    plan_stage,
-    record,
-    remove_tree,
-    render_index,
-    render_sidecar,
-    replace_set,
-    source_layout,
-)
-from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, loads_json, open_regular, read_regular
-from ansible.module_utils.safetensors_header import SafetensorsError, read_file_header
-
 DOCUMENTATION = r"""
 ---
 module: safetensors_stage
@@ -193,6 +151,48 @@ timings:
   type: dict
   sample: {"check": 0.21, "plan": 0.93, "transfer": 58.1, "follow": 58.3, "hashed": 58.3, "commit": 0.88}
 """
+
+import contextlib
+import fcntl
+import grp
+import hashlib
+import os
+import pwd
+import stat
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.model_stage import (
+    INDEX_NAME,
+    MAX_RECORD_BYTES,
+    SIDECAR_NAME,
+    TEMP_PREFIX,
+    TEMP_SUFFIX,
+    DestFile,
+    NewSet,
+    SourceFile,
+    StageError,
+    build_index,
+    check_exchange,
+    check_index,
+    check_space,
+    describe,
+    expected_digests,
+    fsync_path,
+    leftovers,
+    parse_sidecar,
+    plan_stage,
+    record,
+    remove_tree,
+    render_index,
+    render_sidecar,
+    replace_set,
+    source_layout,
+)
+from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, loads_json, open_regular, read_regular
+from ansible.module_utils.safetensors_header import SafetensorsError, read_file_header
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "src": {"type": "path", "required": True},

@@ -3,19 +3,6 @@
 
 from __future__ import annotations
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vllm_releases import (
-    METHODS,
-    PATCH_FIXES,
-    Request,
-    evaluate,
-    find_release,
-    parse_version,
-    patch_fixes_for,
-    refusals,
-    warnings,
-)
-
 DOCUMENTATION = r"""
 ---
 module: vllm_release_check
@@ -128,6 +115,19 @@ findings:
   returned: always
   sample: [{"level": "warn", "code": "fa3-aot-cuda-graphs", "message": "..."}]
 """
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.vllm_releases import (
+    METHODS,
+    PATCH_FIXES,
+    Request,
+    evaluate,
+    find_release,
+    parse_version,
+    patch_fixes_for,
+    refusals,
+    warnings,
+)
 
 ARGUMENT_SPEC = {
     "version": {"type": "str", "required": True},

@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vllm_releases import METHODS
-from ansible.module_utils.vllm_venvs import import_check_code, parse_import_result, read_venv
-
 DOCUMENTATION = r"""
 ---
 module: vllm_venv_info
@@ -125,6 +121,10 @@ imports:
   returned: when verify_import is true
   sample: {"vllm.v1.spec_decode.dflash.DFlashProposer": "ok"}
 """
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.vllm_releases import METHODS
+from ansible.module_utils.vllm_venvs import import_check_code, parse_import_result, read_venv
 
 ARGUMENT_SPEC = {
     "venv": {"type": "path", "required": True},

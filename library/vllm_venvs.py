@@ -3,13 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vllm_releases import parse_version
-from ansible.module_utils.vllm_venvs import list_venvs, plan_prune
-
 DOCUMENTATION = r"""
 ---
 module: vllm_venvs
@@ -80,6 +73,13 @@ removed:
   returned: always
   sample: ["/opt/vllm/0.19.1"]
 """
+
+import os
+import shutil
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.vllm_releases import parse_version
+from ansible.module_utils.vllm_venvs import list_venvs, plan_prune
 
 ARGUMENT_SPEC = {
     "root": {"type": "path", "default": "/opt/vllm"},
