@@ -61,13 +61,14 @@ options:
     default: false
 extends_documentation_fragment:
   - ansible.builtin.files
+  - attributes
 attributes:
   check_mode:
     support: full
-    description: Computes the config and the diff, writes nothing.
+    details: Computes the config and the diff, writes nothing.
   diff_mode:
     support: full
-    description: Returns the old and new file content.
+    details: Returns the old and new file content.
 """
 
 EXAMPLES = r"""

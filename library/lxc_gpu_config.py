@@ -16,6 +16,9 @@ description:
   - Warns on mount entries marked C(optional) (the container then starts without the GPU) and on
     cgroup v1 allow lines. Never fails because of what it finds; returns the problems.
   - Fails when the config file cannot be read, saying where it looked.
+extends_documentation_fragment:
+  - attributes
+  - attributes.read_only
 options:
   config_path:
     description:
@@ -30,13 +33,6 @@ options:
     description: The host's device major list.
     type: path
     default: /proc/devices
-attributes:
-  check_mode:
-    support: full
-    description: Read-only; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing.
 author:
   - Speculative decoding deployment maintainers
 """

@@ -17,6 +17,9 @@ description:
     grouped by check in C(checks), for the caller to assert on. It fails only on bad parameters.
   - Inside an LXC container C(nvidia-smi --query-compute-apps) reports host pids; a compute app is
     mapped to a local process only when a local process with that pid has the same name.
+extends_documentation_fragment:
+  - attributes
+  - attributes.read_only
 options:
   nvidia_smi_path:
     description: The nvidia-smi executable. Default is C(nvidia-smi) found in PATH.
@@ -76,13 +79,6 @@ options:
         description: Fraction of each GPU the engine may use.
         type: float
         default: 1.0
-attributes:
-  check_mode:
-    support: full
-    description: Read-only; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing, so there is nothing to diff.
 author:
   - Speculative decoding deployment maintainers
 """

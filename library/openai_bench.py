@@ -23,6 +23,8 @@ description:
     not healthy or a request fails; the API key is never logged or returned.
 extends_documentation_fragment:
   - openai_endpoint
+  - attributes
+  - attributes.read_only
 options:
   prompts:
     description: The prompt set, sent in order and cycled through.
@@ -56,11 +58,6 @@ options:
         goes to another server; a cut stream fails its level.
     type: int
     default: 300
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""

@@ -19,6 +19,8 @@ description:
     parameters. Read-only (it changes nothing on the node), so it runs the same in check mode.
 extends_documentation_fragment:
   - openai_endpoint
+  - attributes
+  - attributes.read_only
 options:
   requests:
     description: Completions to send. C(0) reads C(/health) (and the unit) only.
@@ -45,11 +47,6 @@ options:
     description: With I(unit), more restarts than this count as crash-looping.
     type: int
     default: 2
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""

@@ -19,6 +19,9 @@ description:
   - Fails with a message that says what is wrong and what to do; never changes anything.
 version_added: "1.0.0"
 author: drafter_config maintainers
+extends_documentation_fragment:
+  - attributes
+  - attributes.read_only
 options:
   path:
     description:
@@ -32,13 +35,6 @@ options:
     type: str
     choices: [none, sha256]
     default: none
-attributes:
-  check_mode:
-    support: full
-    description: Read-only; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing, so there is nothing to diff.
 notes:
   - Needs only the Python standard library on the managed node.
 """

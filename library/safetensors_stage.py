@@ -21,6 +21,8 @@ description:
   - The controller side is an action plugin of the same name; this module runs on the node.
 version_added: "1.0.0"
 author: model_stage maintainers
+extends_documentation_fragment:
+  - attributes
 options:
   src:
     description:
@@ -77,10 +79,10 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reports the files that would be copied, written or removed; changes nothing.
+    details: Reports the files that would be copied, written or removed; changes nothing.
   diff_mode:
     support: full
-    description: The diff names the files in I(dest) before and after.
+    details: The diff names the files in I(dest) before and after.
 notes:
   - Needs rsync on the controller and the node for a controller-side source; sudo for C(become).
   - Only the Python standard library on the node.

@@ -15,6 +15,9 @@ description:
     with C(module.warn) and returned.
   - Reads and changes nothing on the host.
 version_added: "1.0.0"
+extends_documentation_fragment:
+  - attributes
+  - attributes.read_only
 options:
   version:
     description: The exact vLLM release to be installed, such as C(0.20.1).
@@ -50,11 +53,6 @@ options:
     description: Install a release the knowledge base does not know, with a warning instead of a refusal.
     type: bool
     default: false
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 author:
   - dflash-deploy maintainers
 """

@@ -16,6 +16,9 @@ description:
     working CUDA stack; use on GPU nodes).
   - Also reports what the files say about the release (torch pin, aux-layer fix, sliding layers).
 version_added: "1.0.0"
+extends_documentation_fragment:
+  - attributes
+  - attributes.read_only
 options:
   venv:
     description: The venv directory, such as C(/opt/vllm/0.20.1).
@@ -43,11 +46,6 @@ options:
     description: Seconds the import check may take.
     type: int
     default: 300
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 author:
   - dflash-deploy maintainers
 """

@@ -14,6 +14,8 @@ description:
     (no install marker) of any version but O(current), with their node wheelhouse directories.
   - Never touches anything under O(root) that is not named like a release.
 version_added: "1.0.0"
+extends_documentation_fragment:
+  - attributes
 options:
   root:
     description: The directory holding one venv per version.
