@@ -52,6 +52,17 @@ def interpreter_scalar_index():
     interpreter._patch_lang_tensor = original
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_fake_vllm_left_behind():
+    """The fake vLLM modules these tests load leave with them: later test modules see no vllm in
+    sys.modules (test_vllm_patch.py checks that reading a venv imports none)."""
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name == "vllm" or name.startswith("vllm."):
+            del sys.modules[name]
+
+
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
     paths = list(GDN_KERNELS.values())
