@@ -26,9 +26,11 @@ help:
 host-deps:
 	@tests/lab/host-deps.sh
 
-$(BIN)/.installed: requirements.txt
+# requirements.txt: what an operator's controller needs; requirements-test.txt (which starts with
+# it) adds the lint, test and benchmark tools. A change to either re-installs.
+$(BIN)/.installed: requirements.txt requirements-test.txt
 	@test -x $(BIN)/python || /usr/bin/python3 -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-test.txt
 	@touch $@
 
 venv: host-deps $(BIN)/.installed

@@ -3,14 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import time
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_drafter import DFlashConfigError, generate
-from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, read_regular
-from ansible.module_utils.safetensors_header import SafetensorsError, inspect_path
-
 DOCUMENTATION = r"""
 ---
 module: dflash_config
@@ -69,13 +61,14 @@ options:
     default: false
 extends_documentation_fragment:
   - ansible.builtin.files
+  - attributes
 attributes:
   check_mode:
     support: full
-    description: Computes the config and the diff, writes nothing.
+    details: Computes the config and the diff, writes nothing.
   diff_mode:
     support: full
-    description: Returns the old and new file content.
+    details: Returns the old and new file content.
 """
 
 EXAMPLES = r"""
@@ -125,6 +118,14 @@ backup_file:
   type: str
   sample: /opt/models/Qwen3.6-27B-DFlash/config.json.1234.2026-11-30@08:00:00~
 """
+
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_drafter import DFlashConfigError, generate
+from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, read_regular
+from ansible.module_utils.safetensors_header import SafetensorsError, inspect_path
 
 ARGUMENT_SPEC = {
     "drafter": {"type": "path", "required": True},

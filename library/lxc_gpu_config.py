@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvidia_gpu import check_container_config, parse_lxc_config, parse_proc_devices
-from ansible.module_utils.nvidia_gpu_probe import stat_node
-
 DOCUMENTATION = r"""
 ---
 module: lxc_gpu_config
@@ -20,6 +16,9 @@ description:
   - Warns on mount entries marked C(optional) (the container then starts without the GPU) and on
     cgroup v1 allow lines. Never fails because of what it finds; returns the problems.
   - Fails when the config file cannot be read, saying where it looked.
+extends_documentation_fragment:
+  - attributes
+  - attributes.read_only
 options:
   config_path:
     description:
@@ -34,13 +33,6 @@ options:
     description: The host's device major list.
     type: path
     default: /proc/devices
-attributes:
-  check_mode:
-    support: full
-    description: Read-only; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing.
 author:
   - Speculative decoding deployment maintainers
 """
@@ -96,6 +88,10 @@ config:
   returned: always
   type: dict
 """
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.nvidia_gpu import check_container_config, parse_lxc_config, parse_proc_devices
+from ansible.module_utils.nvidia_gpu_probe import stat_node
 
 
 def build_module() -> AnsibleModule:

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvidia_gpu_probe import Runner, gather
-
 DOCUMENTATION = r"""
 ---
 module: nvidia_gpu_facts
@@ -20,6 +17,9 @@ description:
     grouped by check in C(checks), for the caller to assert on. It fails only on bad parameters.
   - Inside an LXC container C(nvidia-smi --query-compute-apps) reports host pids; a compute app is
     mapped to a local process only when a local process with that pid has the same name.
+extends_documentation_fragment:
+  - attributes
+  - attributes.read_only
 options:
   nvidia_smi_path:
     description: The nvidia-smi executable. Default is C(nvidia-smi) found in PATH.
@@ -79,13 +79,6 @@ options:
         description: Fraction of each GPU the engine may use.
         type: float
         default: 1.0
-attributes:
-  check_mode:
-    support: full
-    description: Read-only; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing, so there is nothing to diff.
 author:
   - Speculative decoding deployment maintainers
 """
@@ -180,6 +173,9 @@ holders:
            "local": [{"pid": 812, "comm": "python3", "unit": "sglang-qwen.service",
                       "devices": ["/dev/nvidia0", "/dev/nvidiactl"]}]}
 """
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.nvidia_gpu_probe import Runner, gather
 
 THRESHOLD_OPTIONS = {
     "gpu_count": {"type": "int"},

@@ -3,33 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
-import threading
-import time
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.openai_bench import (
-    DONE,
-    BenchError,
-    RequestTiming,
-    level_summary,
-    parse_sse_line,
-    plan_requests,
-    request_timing,
-    run_summary,
-    validate_prompts,
-    validate_sweep,
-)
-from ansible.module_utils.openai_http import Answer, HttpError, build_opener, send
-from ansible.module_utils.openai_probe import (
-    MetricsParseError,
-    SpecCounters,
-    counters_delta,
-    parse_prometheus_text,
-    spec_decode_counters,
-)
-
 DOCUMENTATION = r"""
 ---
 module: openai_bench
@@ -50,6 +23,8 @@ description:
     not healthy or a request fails; the API key is never logged or returned.
 extends_documentation_fragment:
   - openai_endpoint
+  - attributes
+  - attributes.read_only
 options:
   prompts:
     description: The prompt set, sent in order and cycled through.
@@ -83,11 +58,6 @@ options:
         goes to another server; a cut stream fails its level.
     type: int
     default: 300
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""
@@ -157,6 +127,33 @@ metrics_available:
   returned: success
   sample: true
 """
+
+import contextlib
+import json
+import threading
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.openai_bench import (
+    DONE,
+    BenchError,
+    RequestTiming,
+    level_summary,
+    parse_sse_line,
+    plan_requests,
+    request_timing,
+    run_summary,
+    validate_prompts,
+    validate_sweep,
+)
+from ansible.module_utils.openai_http import Answer, HttpError, build_opener, send
+from ansible.module_utils.openai_probe import (
+    MetricsParseError,
+    SpecCounters,
+    counters_delta,
+    parse_prometheus_text,
+    spec_decode_counters,
+)
 
 
 def build_module() -> AnsibleModule:

@@ -3,25 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
-import time
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.openai_http import HttpError, build_opener, send
-from ansible.module_utils.openai_probe import (
-    MetricsParseError,
-    SpecCounters,
-    counters_delta,
-    draft_acceptance_rate,
-    mean_acceptance_length,
-    parse_prometheus_text,
-    parse_systemctl_show,
-    spec_decode_counters,
-    tokens_per_second,
-    unit_is_crashing,
-)
-
 DOCUMENTATION = r"""
 ---
 module: openai_probe
@@ -38,6 +19,8 @@ description:
     parameters. Read-only (it changes nothing on the node), so it runs the same in check mode.
 extends_documentation_fragment:
   - openai_endpoint
+  - attributes
+  - attributes.read_only
 options:
   requests:
     description: Completions to send. C(0) reads C(/health) (and the unit) only.
@@ -64,11 +47,6 @@ options:
     description: With I(unit), more restarts than this count as crash-looping.
     type: int
     default: 2
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""
@@ -161,6 +139,25 @@ draft_acceptance_rate:
   returned: when requests > 0
   sample: 0.3212
 """
+
+import contextlib
+import json
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.openai_http import HttpError, build_opener, send
+from ansible.module_utils.openai_probe import (
+    MetricsParseError,
+    SpecCounters,
+    counters_delta,
+    draft_acceptance_rate,
+    mean_acceptance_length,
+    parse_prometheus_text,
+    parse_systemctl_show,
+    spec_decode_counters,
+    tokens_per_second,
+    unit_is_crashing,
+)
 
 SYSTEMCTL_PROPS = "ActiveState,SubState,NRestarts,Result,MainPID"
 _OPENER = build_opener()

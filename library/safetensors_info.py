@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.safetensors_header import SafetensorsError, inspect_path
-
 DOCUMENTATION = r"""
 ---
 module: safetensors_info
@@ -22,6 +19,9 @@ description:
   - Fails with a message that says what is wrong and what to do; never changes anything.
 version_added: "1.0.0"
 author: drafter_config maintainers
+extends_documentation_fragment:
+  - attributes
+  - attributes.read_only
 options:
   path:
     description:
@@ -35,13 +35,6 @@ options:
     type: str
     choices: [none, sha256]
     default: none
-attributes:
-  check_mode:
-    support: full
-    description: Read-only; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing, so there is nothing to diff.
 notes:
   - Needs only the Python standard library on the managed node.
 """
@@ -104,6 +97,9 @@ index:
   type: str
   sample: /opt/models/Qwen3.6-27B/model.safetensors.index.json
 """
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.safetensors_header import SafetensorsError, inspect_path
 
 ARGUMENT_SPEC = {
     "path": {"type": "path", "required": True},

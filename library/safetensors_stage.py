@@ -3,48 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import grp
-import hashlib
-import os
-import pwd
-import stat
-import time
-from collections.abc import Iterator
-from typing import Any
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.model_stage import (
-    INDEX_NAME,
-    MAX_RECORD_BYTES,
-    SIDECAR_NAME,
-    TEMP_PREFIX,
-    TEMP_SUFFIX,
-    DestFile,
-    NewSet,
-    SourceFile,
-    StageError,
-    build_index,
-    check_exchange,
-    check_index,
-    check_space,
-    describe,
-    expected_digests,
-    fsync_path,
-    leftovers,
-    parse_sidecar,
-    plan_stage,
-    record,
-    remove_tree,
-    render_index,
-    render_sidecar,
-    replace_set,
-    source_layout,
-)
-from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, loads_json, open_regular, read_regular
-from ansible.module_utils.safetensors_header import SafetensorsError, read_file_header
-
 DOCUMENTATION = r"""
 ---
 module: safetensors_stage
@@ -63,6 +21,8 @@ description:
   - The controller side is an action plugin of the same name; this module runs on the node.
 version_added: "1.0.0"
 author: model_stage maintainers
+extends_documentation_fragment:
+  - attributes
 options:
   src:
     description:
@@ -119,10 +79,10 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reports the files that would be copied, written or removed; changes nothing.
+    details: Reports the files that would be copied, written or removed; changes nothing.
   diff_mode:
     support: full
-    description: The diff names the files in I(dest) before and after.
+    details: The diff names the files in I(dest) before and after.
 notes:
   - Needs rsync on the controller and the node for a controller-side source; sudo for C(become).
   - Only the Python standard library on the node.
@@ -193,6 +153,48 @@ timings:
   type: dict
   sample: {"check": 0.21, "plan": 0.93, "transfer": 58.1, "follow": 58.3, "hashed": 58.3, "commit": 0.88}
 """
+
+import contextlib
+import fcntl
+import grp
+import hashlib
+import os
+import pwd
+import stat
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.model_stage import (
+    INDEX_NAME,
+    MAX_RECORD_BYTES,
+    SIDECAR_NAME,
+    TEMP_PREFIX,
+    TEMP_SUFFIX,
+    DestFile,
+    NewSet,
+    SourceFile,
+    StageError,
+    build_index,
+    check_exchange,
+    check_index,
+    check_space,
+    describe,
+    expected_digests,
+    fsync_path,
+    leftovers,
+    parse_sidecar,
+    plan_stage,
+    record,
+    remove_tree,
+    render_index,
+    render_sidecar,
+    replace_set,
+    source_layout,
+)
+from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, loads_json, open_regular, read_regular
+from ansible.module_utils.safetensors_header import SafetensorsError, read_file_header
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "src": {"type": "path", "required": True},

@@ -22,6 +22,8 @@ description:
     back every file already written. Files already carrying the change set are left alone.
   - O(state=absent) restores the release's pristine bytes exactly and removes added files.
   - Records what it did in C(<venv>/vllm-changeset.json).
+extends_documentation_fragment:
+  - attributes
 options:
   venv:
     description: The virtual environment that holds vLLM (the directory with C(bin/) and C(lib/)).

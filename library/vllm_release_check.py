@@ -3,19 +3,6 @@
 
 from __future__ import annotations
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vllm_releases import (
-    METHODS,
-    PATCH_FIXES,
-    Request,
-    evaluate,
-    find_release,
-    parse_version,
-    patch_fixes_for,
-    refusals,
-    warnings,
-)
-
 DOCUMENTATION = r"""
 ---
 module: vllm_release_check
@@ -28,6 +15,9 @@ description:
     with C(module.warn) and returned.
   - Reads and changes nothing on the host.
 version_added: "1.0.0"
+extends_documentation_fragment:
+  - attributes
+  - attributes.read_only
 options:
   version:
     description: The exact vLLM release to be installed, such as C(0.20.1).
@@ -63,11 +53,6 @@ options:
     description: Install a release the knowledge base does not know, with a warning instead of a refusal.
     type: bool
     default: false
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 author:
   - dflash-deploy maintainers
 """
@@ -128,6 +113,19 @@ findings:
   returned: always
   sample: [{"level": "warn", "code": "fa3-aot-cuda-graphs", "message": "..."}]
 """
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.vllm_releases import (
+    METHODS,
+    PATCH_FIXES,
+    Request,
+    evaluate,
+    find_release,
+    parse_version,
+    patch_fixes_for,
+    refusals,
+    warnings,
+)
 
 ARGUMENT_SPEC = {
     "version": {"type": "str", "required": True},

@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vllm_releases import METHODS
-from ansible.module_utils.vllm_venvs import import_check_code, parse_import_result, read_venv
-
 DOCUMENTATION = r"""
 ---
 module: vllm_venv_info
@@ -20,6 +16,9 @@ description:
     working CUDA stack; use on GPU nodes).
   - Also reports what the files say about the release (torch pin, aux-layer fix, sliding layers).
 version_added: "1.0.0"
+extends_documentation_fragment:
+  - attributes
+  - attributes.read_only
 options:
   venv:
     description: The venv directory, such as C(/opt/vllm/0.20.1).
@@ -47,11 +46,6 @@ options:
     description: Seconds the import check may take.
     type: int
     default: 300
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 author:
   - dflash-deploy maintainers
 """
@@ -125,6 +119,10 @@ imports:
   returned: when verify_import is true
   sample: {"vllm.v1.spec_decode.dflash.DFlashProposer": "ok"}
 """
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.vllm_releases import METHODS
+from ansible.module_utils.vllm_venvs import import_check_code, parse_import_result, read_venv
 
 ARGUMENT_SPEC = {
     "venv": {"type": "path", "required": True},

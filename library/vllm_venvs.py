@@ -3,13 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vllm_releases import parse_version
-from ansible.module_utils.vllm_venvs import list_venvs, plan_prune
-
 DOCUMENTATION = r"""
 ---
 module: vllm_venvs
@@ -21,6 +14,8 @@ description:
     (no install marker) of any version but O(current), with their node wheelhouse directories.
   - Never touches anything under O(root) that is not named like a release.
 version_added: "1.0.0"
+extends_documentation_fragment:
+  - attributes
 options:
   root:
     description: The directory holding one venv per version.
@@ -80,6 +75,13 @@ removed:
   returned: always
   sample: ["/opt/vllm/0.19.1"]
 """
+
+import os
+import shutil
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.vllm_releases import parse_version
+from ansible.module_utils.vllm_venvs import list_venvs, plan_prune
 
 ARGUMENT_SPEC = {
     "root": {"type": "path", "default": "/opt/vllm"},

@@ -104,5 +104,42 @@ def test_documentation_parses_and_matches_the_argument_spec(
         assert got.get("choices") == want.get("choices"), option
         assert _text(got.get("description")), option
     assert _text(doc["description"]) and _text(doc["short_description"])
-    check_mode = doc["attributes"]["check_mode"]["support"]
+    attributes = doc["attributes"]
+    assert set(attributes) == {"check_mode", "diff_mode"}, attributes
+    for attribute in attributes.values():  # the description from the fragment, the support from the module
+        assert _text(attribute["description"]) and attribute["support"] in ("full", "partial", "none", "N/A")
+    check_mode = attributes["check_mode"]["support"]
     assert (check_mode != "none") == bool(kwargs.get("supports_check_mode")), check_mode
+
+
+def _documentation(name: str) -> tuple[ast.Module, dict[str, Any]]:
+    tree = ast.parse((LIBRARY / f"{name}.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "DOCUMENTATION":
+            return tree, yaml.safe_load(node.value.value)
+    raise AssertionError(f"{name} has no DOCUMENTATION")
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_documentation_comes_before_the_imports(name: str) -> None:
+    """As community.general lays a module out: docstring, __future__, DOCUMENTATION, EXAMPLES,
+    RETURN, then the imports and the code."""
+    tree, _ = _documentation(name)
+    body = [node for node in tree.body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+    assert isinstance(body[0], ast.ImportFrom) and body[0].module == "__future__"
+    assert [getattr(node.targets[0], "id", None) for node in body[1:4]] == ["DOCUMENTATION", "EXAMPLES", "RETURN"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_attributes_are_described_by_the_fragment(name: str) -> None:
+    """Each module gives its support; plugins/doc_fragments/attributes.py describes the attributes
+    once (a read-only module takes both from attributes.read_only)."""
+    _, raw = _documentation(name)
+    fragments = raw.get("extends_documentation_fragment") or []
+    assert "attributes" in fragments, fragments
+    own = raw.get("attributes") or {}
+    if "attributes.read_only" in fragments:
+        assert own == {}, own
+    else:
+        assert set(own) == {"check_mode", "diff_mode"}, own
+        assert all("description" not in attribute and "support" in attribute for attribute in own.values()), own
