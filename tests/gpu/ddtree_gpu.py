@@ -162,12 +162,12 @@ def cmd_apply(site: str) -> int:
 
 
 # ---------------------------------------------------------------------------
-def cmd_make_models(root: str) -> int:
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def _tiny_qwen3_config(num_layers: int):
+    """The tiny Qwen3 of the pure-attention target and of both drafters' bodies."""
+    from transformers import Qwen3Config
 
-    os.makedirs(root, exist_ok=True)
-    common = dict(
+    return Qwen3Config(
+        num_hidden_layers=num_layers,
         vocab_size=VOCAB,
         hidden_size=HIDDEN,
         intermediate_size=INTER,
@@ -183,8 +183,15 @@ def cmd_make_models(root: str) -> int:
         pad_token_id=0,
         attention_bias=False,
     )
+
+
+def cmd_make_models(root: str) -> int:
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    os.makedirs(root, exist_ok=True)
     torch.manual_seed(SEED)
-    tcfg = Qwen3Config(num_hidden_layers=LAYERS_TARGET, **common)
+    tcfg = _tiny_qwen3_config(LAYERS_TARGET)
     tcfg.architectures = ["Qwen3ForCausalLM"]
     target = Qwen3ForCausalLM(tcfg).float()
     g = torch.Generator().manual_seed(SEED + 7)
@@ -333,22 +340,10 @@ def _write_drafter(root: str, name: str, sd: dict, target_dir: str, **layers) ->
 
 def _drafter_tensors(num_layers: int, seed: int, num_taps: int) -> dict:
     import torch
-    from transformers import Qwen3Config, Qwen3Model
+    from transformers import Qwen3Model
 
     torch.manual_seed(seed)
-    dcfg = Qwen3Config(
-        num_hidden_layers=num_layers,
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=INTER,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM,
-        max_position_embeddings=MAX_POS,
-        rms_norm_eps=1e-6,
-        attention_bias=False,
-    )
-    body = Qwen3Model(dcfg).to(torch.bfloat16)
+    body = Qwen3Model(_tiny_qwen3_config(num_layers)).to(torch.bfloat16)
     sd = {
         k: v.contiguous()
         for k, v in body.state_dict().items()
