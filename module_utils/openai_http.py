@@ -69,24 +69,24 @@ class _Watch:
             sock.shutdown(socket.SHUT_RDWR)
 
 
-class _Conn(http.client.HTTPConnection):
+class _Watched:
+    """A connection whose socket (plain, or TLS-wrapped after the handshake) the watch can shut."""
+
     def __init__(self, *args: Any, watch: _Watch, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._watch = watch
 
     def connect(self) -> None:
-        super().connect()
-        self._watch.add(self.sock)
+        super().connect()  # type: ignore[misc]
+        self._watch.add(self.sock)  # type: ignore[attr-defined]
 
 
-class _TLSConn(http.client.HTTPSConnection):
-    def __init__(self, *args: Any, watch: _Watch, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._watch = watch
+class _Conn(_Watched, http.client.HTTPConnection):
+    pass
 
-    def connect(self) -> None:
-        super().connect()
-        self._watch.add(self.sock)
+
+class _TLSConn(_Watched, http.client.HTTPSConnection):
+    pass
 
 
 class _Handler(urllib.request.HTTPHandler):
