@@ -4,9 +4,12 @@
 Random ("dummy") weights at the real shapes give real step costs: vLLM initialises them on the GPU
 from config.json alone, and as random weights accept nothing, every speculative step yields one
 token, so the decode time per step is what is compared. Each case is one vLLM process (one model
-per process) measuring every (batch, context) pair: a prefill-only pass and a pass of
-``--tokens`` more tokens on the same prompts, the difference divided by the steps the spec-decode
-counters report. CUDA graphs stay on (enforce_eager hides the per-step overhead).
+per process) measuring every (batch, context) pair: after a warm-up that also decodes, one pass of
+``--tokens`` tokens whose decode time is the engine's own timestamps, from the step that gave every
+request its first token to the one that gave the last, divided by the steps the spec-decode
+counters report. A batch's prompts are prefilled in one step (max_num_batched_tokens holds them
+all), so no decode step shares its time with another request's prefill. CUDA graphs stay on
+(enforce_eager hides the per-step overhead).
 
 Shapes: ``8b`` (Qwen3-8B + Qwen3-8B-DFlash-b16) and ``27b`` (Qwen3.6-27B, the Gated DeltaNet
 hybrid, + Qwen3.6-27B-DFlash with its sliding-window layers). The drafters' config.json come from
@@ -44,8 +47,8 @@ DEPTH = 15  # block size 16
 METHODS = {"target": None, "chain": 0, "ddtree16": 16, "ddtree32": 32, "ddtree64": 64}
 BATCHES = (1, 8)
 CONTEXTS = (512, 8192)
-START_S = {"8b": 60, "27b": 215}  # start-up with compilation, measured on an H200 (docs/benchmarks.md)
-RUN_S = 40  # the four (batch, context) pairs of one case, estimated
+START_S = {"8b": 80, "27b": 215}  # start-up with compilation, measured on an H200 (docs/benchmarks.md)
+RUN_S = 50  # the four (batch, context) pairs of one case, measured on an H200 (8B shapes)
 CALL_S = 560  # what one 10-minute call leaves for cases
 
 
@@ -155,6 +158,22 @@ def plan(shapes: list[str], methods: list[str]) -> list[list[tuple[str, str]]]:
     return calls
 
 
+def decode_ms_per_step(first_token_ts: list[float], last_token_ts: list[float], steps: float) -> float:
+    """ms per decode step of a batch: from the step that gave every request its first token to the last."""
+    if not first_token_ts or len(first_token_ts) != len(last_token_ts) or steps <= 0:
+        raise ValueError("each request needs its first and last token time, and steps must be positive")
+    span = max(last_token_ts) - max(first_token_ts)
+    if span <= 0:
+        raise ValueError(f"no decode time between the first and the last token ({span:.6f} s)")
+    return round(1000 * span / steps, 3)
+
+
+def load_results(folder: Path) -> list[dict[str, Any]]:
+    """The rows of every case file in folder; other JSON there (a proof summary, logs) is not a case."""
+    cases = [folder / f"{s}_{m}.json" for s in SHAPES for m in METHODS]
+    return [r for f in cases if f.is_file() for r in json.loads(f.read_text())]
+
+
 def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each result row with its ratio to the chain of the same shape, batch and context."""
     chain = {(r["shape"], r["batch"], r["context"]): r["ms_per_step"] for r in results if r["method"] == "chain"}
@@ -200,6 +219,7 @@ def run_case(shape: str, method: str, root: Path, tokens: int) -> list[dict[str,
         skip_tokenizer_init=True,
         max_model_len=max(CONTEXTS) + tokens + 64,
         max_num_seqs=max(BATCHES),
+        max_num_batched_tokens=max(BATCHES) * max(CONTEXTS),  # a batch's prefill in one step
         enable_prefix_caching=False,
         gpu_memory_utilization=0.9,
         disable_log_stats=False,
@@ -224,18 +244,14 @@ def run_case(shape: str, method: str, root: Path, tokens: int) -> list[dict[str,
             prompts = [
                 TokensPrompt(prompt_token_ids=[rng.randrange(vocab // 2) for _ in range(context)]) for _ in range(batch)
             ]
-            one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, detokenize=False)
+            warm = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, detokenize=False)
             many = SamplingParams(temperature=0, max_tokens=1 + tokens, ignore_eos=True, detokenize=False)
-            llm.generate(prompts, one)  # warm-up of this shape
-            t = time.time()
-            llm.generate(prompts, one)
-            prefill = time.time() - t
+            llm.generate(prompts, warm)  # this shape's prefill and decode, once
             d0 = _drafts(llm)
-            t = time.time()
-            llm.generate(prompts, many)
-            total = time.time() - t
+            outputs = llm.generate(prompts, many)
             steps = (_drafts(llm) - d0) / batch if budget is not None else tokens
             steps = steps or tokens
+            stats = [o.metrics for o in outputs]
             out.append(
                 {
                     "shape": shape,
@@ -243,7 +259,9 @@ def run_case(shape: str, method: str, root: Path, tokens: int) -> list[dict[str,
                     "batch": batch,
                     "context": context,
                     "steps": steps,
-                    "ms_per_step": round(1000 * (total - prefill) / steps, 3),
+                    "ms_per_step": decode_ms_per_step(
+                        [m.first_token_ts for m in stats], [m.last_token_ts for m in stats], steps
+                    ),
                     "start_s": round(start_s, 1),
                 }
             )
@@ -260,6 +278,7 @@ def main() -> int:
     s = sub.choices["run"]
     s.add_argument("--out", required=True, type=Path)
     s.add_argument("--tokens", type=int, default=128)
+    s.add_argument("--case-timeout", type=int, default=200, help="seconds one case may take, start-up included")
     s = sub.add_parser("case")
     s.add_argument("shape")
     s.add_argument("method")
@@ -290,11 +309,17 @@ def main() -> int:
             for method in methods:
                 log = a.out / f"{shape}_{method}.log"
                 cmd = [sys.executable, __file__, "case", shape, method, "--out", str(a.out), "--tokens", str(a.tokens)]
+                # A case that hangs (a budget too large for the step) must not eat the call's other cases.
                 with log.open("w") as f:
-                    rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=os.environ).returncode
+                    try:
+                        rc = subprocess.run(
+                            cmd, stdout=f, stderr=subprocess.STDOUT, env=os.environ, timeout=a.case_timeout
+                        ).returncode
+                    except subprocess.TimeoutExpired:
+                        rc = f"timed out after {a.case_timeout} s"
                 print(f"{shape}/{method}: rc={rc}", flush=True)
         a.dir = a.out
-    results = [r for f in sorted(a.dir.glob("*.json")) for r in json.loads(f.read_text())]
+    results = load_results(a.dir)
     print(table(results))
     (a.dir / "summary.md").write_text(table(results) + "\n")
     return 0 if results else 1

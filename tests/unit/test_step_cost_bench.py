@@ -45,8 +45,8 @@ def test_the_8b_pair(bench, tmp_path):
 
 def test_the_plan_fits_each_call(bench):
     calls = bench.plan(["8b", "27b"], list(bench.METHODS))
-    assert calls[0] == [("8b", m) for m in bench.METHODS]
-    assert [len(c) for c in calls[1:]] == [2, 2, 1]
+    assert [case for call in calls for case in call] == [(s, m) for s in ("8b", "27b") for m in bench.METHODS]
+    assert calls[0] == [("8b", m) for m in list(bench.METHODS)[:4]]
     for call in calls:
         assert sum(bench.START_S[s] + bench.RUN_S for s, _m in call) <= bench.CALL_S
 
@@ -64,3 +64,24 @@ def test_the_table_gives_each_row_its_ratio_to_the_chain(bench):
         "| 8b | 512 | 1 | ddtree16 | 9.00 | 1.200 |",
         "| 8b | 512 | 8 | ddtree16 | 20.00 | - |",
     ]
+
+
+def test_a_step_is_timed_from_the_last_first_token_to_the_last_token(bench):
+    # Two requests: the second got its first token later; decode is timed from then.
+    assert bench.decode_ms_per_step([10.0, 10.5], [12.0, 13.0], steps=100) == 25.0
+
+
+@pytest.mark.parametrize(
+    ("first", "last", "steps"),
+    [([], [], 10), ([1.0], [2.0, 3.0], 10), ([1.0], [2.0], 0), ([2.0], [2.0], 10)],
+)
+def test_a_step_time_without_a_decode_span_is_refused(bench, first, last, steps):
+    with pytest.raises(ValueError):
+        bench.decode_ms_per_step(first, last, steps)
+
+
+def test_only_case_files_are_read_back(bench, tmp_path):
+    row = {"shape": "8b", "method": "chain", "batch": 1, "context": 512, "ms_per_step": 7.5}
+    (tmp_path / "8b_chain.json").write_text(json.dumps([row]))
+    (tmp_path / "summary_attention.json").write_text(json.dumps({"lossless": {}}))
+    assert bench.load_results(tmp_path) == [row]
