@@ -231,14 +231,14 @@ def _ids(owner: str, group: str) -> tuple[int, int]:
         uid = pwd.getpwnam(owner).pw_uid
     except KeyError:
         raise StageError(
-            f"user {owner!r} does not exist on this node; let the role create it (model_stage_owner_create: true)"
-            " or set model_stage_owner to an existing user"
+            f"user {owner!r} does not exist on this node; let the role create it (shared_settings_service_user_create: true)"
+            " or set shared_settings_service_user to an existing user"
         ) from None
     try:
         gid = grp.getgrnam(group).gr_gid
     except KeyError:
         raise StageError(
-            f"group {group!r} does not exist on this node; create it or set model_stage_group to an existing group"
+            f"group {group!r} does not exist on this node; create it or set shared_settings_service_group to an existing group"
         ) from None
     return uid, gid
 
@@ -326,7 +326,7 @@ def _check_writable(dest: str) -> str:
     if os.statvfs(where).f_flag & os.ST_RDONLY:
         raise StageError(
             f"{dest} is on a read-only filesystem ({where} is mounted read-only); remount it read-write or"
-            " choose another model_stage_dest"
+            " choose another shared_settings_drafter_dir"
         )
     return where
 
@@ -348,7 +348,7 @@ def plan(module: AnsibleModule) -> dict[str, Any]:
     p = module.params
     dest = p["dest"]
     if os.path.exists(dest) and not os.path.isdir(dest):
-        raise StageError(f"{dest} exists and is not a directory; model_stage_dest must be a directory")
+        raise StageError(f"{dest} exists and is not a directory; shared_settings_drafter_dir must be a directory")
     try:
         uid, gid = _ids(p["owner"], p["group"])
     except StageError:

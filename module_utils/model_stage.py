@@ -277,7 +277,7 @@ def check_space(dest: str, needed: int, margin: int, free: int) -> None:
     if free < needed + margin:
         raise StageError(
             f"not enough space for {dest}: staging needs {human(needed)} plus a margin of {human(margin)},"
-            f" but the filesystem has {human(free)} free; free up space or stage elsewhere (model_stage_dest)"
+            f" but the filesystem has {human(free)} free; free up space or stage elsewhere (shared_settings_drafter_dir)"
         )
 
 
@@ -427,7 +427,7 @@ def _no_exchange(dest: str, exc: OSError) -> StageError:
     return StageError(
         f"{dest}: {describe_filesystem(dest)} cannot swap two directories in one step (renameat2"
         f" RENAME_EXCHANGE: {exc.strerror}), so a set of several files cannot be replaced atomically there;"
-        " nothing was replaced. Put model_stage_dest on a filesystem that can (ext4, xfs, btrfs, tmpfs,"
+        " nothing was replaced. Put shared_settings_drafter_dir on a filesystem that can (ext4, xfs, btrfs, tmpfs,"
         " zfs >= 2.2) or stage a single-file drafter"
     )
 
@@ -445,7 +445,7 @@ def check_exchange(dest: str, exchange: Exchange = exchange_paths) -> None:
         raise StageError(
             f"{dest} is a mount point: a set of several files is replaced by swapping in a complete new"
             f" directory built beside it, which must be on the same filesystem, but {parent} is not;"
-            " set model_stage_dest to a directory inside the mount"
+            " set shared_settings_drafter_dir to a directory inside the mount"
         )
     a, b = swap_paths(real)
     for path in (a, b):

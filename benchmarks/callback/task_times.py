@@ -1,6 +1,6 @@
 """Wall time per play batch and per task, written as JSON for benchmarks/rollout_scale.py.
 
-A profile_tasks-like callback for the benchmarks (ansible.posix's profile_tasks is not part of
+A profile_tasks-like callback for the benchmarks (ansible.posix's profile_tasks prints no JSON and is not part of
 ansible-core): a task's time runs from its start to the start of the next task or the end of its
 play batch, summed over batches. Enabled only by the benchmark (ANSIBLE_CALLBACKS_ENABLED).
 """

@@ -106,7 +106,7 @@ def ddtree_state_check(
         return {
             "refuse": (
                 f"{what}, more than the {_gib(max(free, 0))} a GPU has left for vLLM after the weights; "
-                "lower ddtree_patch_budget (or raise the tensor parallel size)"
+                "lower shared_settings_ddtree_budget (or raise the tensor parallel size)"
             ),
             "warn": "",
         }

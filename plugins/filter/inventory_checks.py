@@ -2,14 +2,13 @@
 
 The roles' own argument specs are the source of truth for variable names and types, so a typo
 (`service_swap_num_speculative_token`), a boolean written as a string ("yes") or a number in
-quotes is reported by name before anything changes, in one sentence per problem. Settings of
-different roles that describe the same thing must also agree (``combination_problems``).
+quotes is reported by name before anything changes, in one sentence per problem. A setting several
+roles read is defined once, in roles/shared_settings, so there is nothing for two roles to disagree on.
 """
 
 from __future__ import annotations
 
 import difflib
-import functools
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,11 +18,65 @@ import jinja2
 import yaml
 from ansible.errors import AnsibleUndefinedVariable
 
-# Variables that existed once and were removed or renamed: name -> what to do instead.
+# Variables that existed once and were removed or renamed: name -> what to do instead. The
+# settings several roles shared moved to roles/shared_settings, one name each (issue 25).
 REMOVED: dict[str, str] = {
     "bench_report_dir": (
         "bench results go under the one report directory, in bench/: set report_dir in ansible.cfg's"
         " [rollout_report] section or the environment variable DFLASH_REPORT_DIR instead."
+    ),
+    **{
+        old: f"it is now {new}, one setting that every role reading it shares (roles/shared_settings)."
+        for old, new in (
+            ("model_stage_dest", "shared_settings_drafter_dir"),
+            ("drafter_config_drafter_dir", "shared_settings_drafter_dir"),
+            ("service_swap_drafter_dir", "shared_settings_drafter_dir"),
+            ("model_stage_target_dir", "shared_settings_target_dir"),
+            ("drafter_config_target_dir", "shared_settings_target_dir"),
+            ("ddtree_patch_target_dir", "shared_settings_target_dir"),
+            ("service_swap_target_dir", "shared_settings_target_dir"),
+            ("model_stage_owner", "shared_settings_service_user"),
+            ("vllm_install_user", "shared_settings_service_user"),
+            ("service_swap_user", "shared_settings_service_user"),
+            ("vllm_account_user", "shared_settings_service_user"),
+            ("model_stage_group", "shared_settings_service_group"),
+            ("vllm_install_group", "shared_settings_service_group"),
+            ("vllm_account_group", "shared_settings_service_group"),
+            ("model_stage_owner_home", "shared_settings_service_home"),
+            ("service_swap_home", "shared_settings_service_home"),
+            ("vllm_account_home", "shared_settings_service_home"),
+            ("model_stage_owner_create", "shared_settings_service_user_create"),
+            ("vllm_install_create_user", "shared_settings_service_user_create"),
+            ("drafter_config_layer_types", "shared_settings_drafter_layer_types"),
+            ("drafter_config_block_size", "shared_settings_drafter_block_size"),
+            ("service_swap_drafter_block_size", "shared_settings_drafter_block_size"),
+            ("ddtree_patch_depth", "shared_settings_num_speculative_tokens"),
+            ("service_swap_num_speculative_tokens", "shared_settings_num_speculative_tokens"),
+            ("vllm_install_num_speculative_tokens", "shared_settings_num_speculative_tokens"),
+            ("ddtree_patch_budget", "shared_settings_ddtree_budget"),
+            ("service_swap_ddtree_budget", "shared_settings_ddtree_budget"),
+            ("ddtree_patch_vllm_version", "shared_settings_vllm_version"),
+            ("service_swap_vllm_version", "shared_settings_vllm_version"),
+            ("vllm_install_version", "shared_settings_vllm_version"),
+            ("vllm_install_root", "shared_settings_vllm_root"),
+            ("gpu_check_nvidia_smi_path", "shared_settings_nvidia_smi_path"),
+            ("service_swap_nvidia_smi_path", "shared_settings_nvidia_smi_path"),
+            ("gpu_check_driver_version_path", "shared_settings_driver_version_path"),
+            ("service_swap_driver_version_path", "shared_settings_driver_version_path"),
+            ("service_swap_sglang_unit", "shared_settings_sglang_unit"),
+            ("service_swap_vllm_unit", "shared_settings_vllm_unit"),
+            ("gpu_check_memory_utilization", "shared_settings_gpu_memory_utilization"),
+            ("service_swap_gpu_memory_utilization", "shared_settings_gpu_memory_utilization"),
+        )
+    },
+    "vllm_install_sliding_drafter": (
+        "vllm_install reads whether the drafter's layers slide from shared_settings_drafter_layer_types"
+        " (any sliding_attention entry); set that list instead."
+    ),
+    "ddtree_patch_venv": "the venv is <shared_settings_vllm_root>/<shared_settings_vllm_version>: set those.",
+    "service_swap_venv": (
+        "the venv is <shared_settings_vllm_root>/<shared_settings_vllm_version>: set those, or"
+        " service_swap_vllm_executable for another vllm executable."
     ),
 }
 
@@ -158,69 +211,6 @@ def type_problem(name: str, value: Any, spec: Mapping[str, Any]) -> str | None:
     return None
 
 
-@functools.cache
-def _role_defaults(path: Path) -> Mapping[str, Any]:
-    """A role's defaults/main.yml, read once per run however many hosts and variables ask."""
-    return (yaml.safe_load(path.read_text()) if path.is_file() else None) or {}
-
-
-def _effective(name: str, hostvars: Mapping[str, Any], specs: Mapping[str, Any], roles_dir: str) -> tuple[Any, str]:
-    """The host's value of a role variable, or its role's default; and which of the two it is."""
-    value = hostvars.get(name)
-    if name in hostvars and not isinstance(value, jinja2.Undefined):
-        return value, "the inventory"
-    defaults = _role_defaults(Path(roles_dir).resolve() / str(specs[name]["role"]) / "defaults" / "main.yml")
-    return defaults.get(name), "the role default"
-
-
-# Variables of different roles that name the same thing, and what it is.
-SAME_VALUE: tuple[tuple[tuple[str, ...], str], ...] = (
-    (
-        ("model_stage_dest", "drafter_config_drafter_dir", "service_swap_drafter_dir"),
-        "the drafter's directory (model_stage puts the weights there, drafter_config writes config.json"
-        " there, the vLLM unit loads the drafter from there)",
-    ),
-)
-
-
-def combination_problems(hostvars: Mapping[str, Any], specs: Mapping[str, Any], roles_dir: str) -> list[str]:
-    """Settings of different roles that must agree (each may come from the inventory or a default)."""
-    problems = []
-    for names, what in SAME_VALUE:
-        if all(name in specs for name in names):
-            values = [_effective(name, hostvars, specs, roles_dir) for name in names]
-            if all(isinstance(v, str) for v, _ in values) and len({v for v, _ in values}) > 1:
-                listed = ", ".join(f"{n} ({src}) is {v}" for n, (v, src) in zip(names, values, strict=True))
-                problems.append(f"{listed}: they all name {what}; set them to the same path.")
-    return problems + _sliding_problems(hostvars, specs, roles_dir)
-
-
-def _sliding_problems(hostvars: Mapping[str, Any], specs: Mapping[str, Any], roles_dir: str) -> list[str]:
-    names = ("drafter_config_layer_types", "vllm_install_sliding_drafter")
-    if not all(name in specs for name in names):
-        return []
-    (layer_types, types_from), (sliding, sliding_from) = (_effective(n, hostvars, specs, roles_dir) for n in names)
-    # [] lets the module decide: nothing to compare then.
-    if not isinstance(layer_types, list) or not layer_types or not isinstance(sliding, bool):
-        return []
-    slides = sum(t == "sliding_attention" for t in layer_types)
-    if bool(slides) == sliding:
-        return []
-    if slides:
-        return [
-            f"drafter_config_layer_types ({types_from}) marks {slides} of {len(layer_types)} draft layers"
-            f" sliding_attention, but vllm_install_sliding_drafter ({sliding_from}) is false: both describe the"
-            " same drafter. vLLM 0.20.1 with this project's change set refuses such a drafter when it starts,"
-            " after SGLang is stopped; set vllm_install_sliding_drafter: true (its preflight then says which"
-            " releases run it) or, for a drafter whose layers are all full attention, list them as full_attention."
-        ]
-    return [
-        f"vllm_install_sliding_drafter ({sliding_from}) is true but drafter_config_layer_types ({types_from})"
-        " has no sliding_attention layer: both describe the same drafter; set vllm_install_sliding_drafter:"
-        " false, or list the drafter's sliding layers."
-    ]
-
-
 def inventory_problems(
     hostvars: Mapping[str, Any],
     host: str,
@@ -260,8 +250,6 @@ def inventory_problems(
         problem = type_problem(name, value, specs[name])
         if problem:
             problems.append(problem)
-    if not problems:  # comparing values of the wrong type would say less than the problems above
-        problems.extend(combination_problems(hostvars, specs, roles_dir))
     return [f"{host}: {p}" for p in problems]
 
 

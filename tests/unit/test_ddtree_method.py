@@ -68,7 +68,7 @@ def test_qwen36_on_two_a6000s_refuses_a_budget_whose_state_cannot_fit() -> None:
     check = ddtree_state_check(qwen36(), 255, 32, 2, 49140, 0.9, weights_bytes=55_600_000_000)
     assert check["refuse"] == (
         "a DDTree request keeps 256 recurrent state slots of 146.8 MiB (18.4 GiB per GPU at tensor parallel 2), "
-        "more than the 17.3 GiB a GPU has left for vLLM after the weights; lower ddtree_patch_budget (or raise "
+        "more than the 17.3 GiB a GPU has left for vLLM after the weights; lower shared_settings_ddtree_budget (or raise "
         "the tensor parallel size)"
     )
 

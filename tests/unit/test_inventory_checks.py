@@ -132,76 +132,45 @@ def test_the_repository_s_rollback_spec_accepts_both_targets_and_nothing_else() 
     ]
 
 
-# --- settings of two roles that describe the same drafter ------------------------------------------
+# --- the settings several roles share: one name each, the old names told where they went ----------
 
 REPO_ROLES = str(Path(__file__).resolve().parents[2] / "roles")
-FULL = ["full_attention"] * 5
-QWEN36 = ["sliding_attention"] * 4 + ["full_attention"]
 
 
 def _problems(**hostvars: object) -> list[str]:
     return inventory_problems({"ansible_host": "10.0.0.5", **hostvars}, "gpu-a", REPO_ROLES)
 
 
-@pytest.mark.parametrize(
-    ("hostvars", "expected"),
-    [
-        # The dangerous one: vLLM would refuse the drafter at start, after SGLang is stopped.
-        (
-            {"drafter_config_layer_types": QWEN36, "vllm_install_sliding_drafter": False},
-            "gpu-a: drafter_config_layer_types (the inventory) marks 4 of 5 draft layers sliding_attention, but"
-            " vllm_install_sliding_drafter (the inventory) is false: both describe the same drafter.",
-        ),
-        (  # the same, with the layer types left to the role default (Qwen3.6-27B-DFlash's)
-            {"vllm_install_sliding_drafter": False},
-            "gpu-a: drafter_config_layer_types (the role default) marks 4 of 5 draft layers sliding_attention, but"
-            " vllm_install_sliding_drafter (the inventory) is false",
-        ),
-        (
-            {"drafter_config_layer_types": FULL},
-            "gpu-a: vllm_install_sliding_drafter (the role default) is true but drafter_config_layer_types (the"
-            " inventory) has no sliding_attention layer: both describe the same drafter; set"
-            " vllm_install_sliding_drafter: false, or list the drafter's sliding layers.",
-        ),
-    ],
-)
-def test_layer_types_and_the_sliding_drafter_flag_must_agree(hostvars: dict, expected: str) -> None:
-    problems = _problems(**hostvars)
-    assert len(problems) == 1
-    assert problems[0].startswith(expected)
-
-
-@pytest.mark.parametrize(
-    "hostvars",
-    [
-        {},  # both role defaults: the Qwen3.6 drafter, sliding
-        {"drafter_config_layer_types": FULL, "vllm_install_sliding_drafter": False},  # the lab's
-        {"drafter_config_layer_types": QWEN36, "vllm_install_sliding_drafter": True},
-        {"drafter_config_layer_types": [], "vllm_install_sliding_drafter": False},  # [] lets the module decide
-    ],
-)
-def test_agreeing_or_undecided_drafter_settings_pass(hostvars: dict) -> None:
-    assert _problems(**hostvars) == []
-
-
-def test_a_wrongly_typed_value_is_reported_once_not_compared() -> None:
-    problems = _problems(drafter_config_layer_types=QWEN36, vllm_install_sliding_drafter="no")
-    assert problems == [
-        "gpu-a: vllm_install_sliding_drafter is the string 'no'; write false without quotes so it is a boolean."
+def test_a_shared_setting_is_a_known_variable_with_its_type_checked() -> None:
+    assert _problems(shared_settings_drafter_dir="/opt/models/Qwen3.5-27B-DFlash") == []
+    assert _problems(shared_settings_drafter_layer_types=["full_attention"] * 5) == []
+    assert _problems(shared_settings_service_user_create="no") == [
+        "gpu-a: shared_settings_service_user_create is the string 'no'; write false without quotes so it is a boolean."
     ]
 
 
-def test_the_three_names_of_the_drafter_directory_must_agree() -> None:
-    moved = "/opt/models/Qwen3.5-27B-DFlash"
-    problems = _problems(model_stage_dest=moved, drafter_config_drafter_dir=moved)
-    assert problems == [
-        "gpu-a: model_stage_dest (the inventory) is /opt/models/Qwen3.5-27B-DFlash, drafter_config_drafter_dir"
-        " (the inventory) is /opt/models/Qwen3.5-27B-DFlash, service_swap_drafter_dir (the role default) is"
-        " /opt/models/Qwen3.6-27B-DFlash: they all name the drafter's directory (model_stage puts the weights"
-        " there, drafter_config writes config.json there, the vLLM unit loads the drafter from there); set them"
-        " to the same path."
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("model_stage_dest", "shared_settings_drafter_dir"),
+        ("drafter_config_drafter_dir", "shared_settings_drafter_dir"),
+        ("service_swap_drafter_dir", "shared_settings_drafter_dir"),
+        ("service_swap_user", "shared_settings_service_user"),
+        ("vllm_install_version", "shared_settings_vllm_version"),
+    ],
+)
+def test_a_role_s_old_name_for_a_shared_setting_names_the_new_one(old: str, new: str) -> None:
+    assert _problems(**{old: "x"}) == [
+        f"gpu-a: {old} is no longer used: it is now {new}, one setting that every role reading it shares"
+        " (roles/shared_settings)."
     ]
-    assert _problems(model_stage_dest=moved, drafter_config_drafter_dir=moved, service_swap_drafter_dir=moved) == []
+
+
+def test_the_old_sliding_flag_points_at_the_layer_types() -> None:
+    assert _problems(vllm_install_sliding_drafter=False) == [
+        "gpu-a: vllm_install_sliding_drafter is no longer used: vllm_install reads whether the drafter's layers"
+        " slide from shared_settings_drafter_layer_types (any sliding_attention entry); set that list instead."
+    ]
 
 
 # --- never echo a secret; bounded, YAML-named values (issue 23, item 2) -----------------------

@@ -188,7 +188,7 @@ def test_check_space_says_both_numbers():
         check_space("/d", 4294967504, 1073741824, 67108864)
     assert str(exc.value) == (
         "not enough space for /d: staging needs 4.0 GiB (4294967504 bytes) plus a margin of 1.0 GiB (1073741824 bytes),"
-        " but the filesystem has 64.0 MiB (67108864 bytes) free; free up space or stage elsewhere (model_stage_dest)"
+        " but the filesystem has 64.0 MiB (67108864 bytes) free; free up space or stage elsewhere (shared_settings_drafter_dir)"
     )
 
 
@@ -418,7 +418,7 @@ def test_dest_that_is_a_file_is_refused(src, tmp_path, capsys):
     dest = tmp_path / "dest"
     dest.write_text("x")
     out = call({**base(src, dest), "step": "plan", "files": [manifest(src)]}, capsys)
-    assert out["msg"] == f"{dest} exists and is not a directory; model_stage_dest must be a directory"
+    assert out["msg"] == f"{dest} exists and is not a directory; shared_settings_drafter_dir must be a directory"
 
 
 def test_a_commit_run_again_after_it_succeeded_is_a_no_op(src, tmp_path, capsys):
@@ -536,7 +536,9 @@ def test_check_exchange_refuses_a_filesystem_that_cannot_swap_and_leaves_nothing
 
 @pytest.mark.skipif(not os.path.ismount("/dev/shm"), reason="needs /dev/shm mounted on its own")
 def test_check_exchange_refuses_a_mount_point():
-    with pytest.raises(StageError, match=r"^/dev/shm is a mount point: .* set model_stage_dest to a directory inside"):
+    with pytest.raises(
+        StageError, match=r"^/dev/shm is a mount point: .* set shared_settings_drafter_dir to a directory inside"
+    ):
         check_exchange("/dev/shm")
 
 

@@ -54,8 +54,8 @@ MODEL_STAGE_OK = {"model_stage_src": "/srv/drafter.safetensors"}
 CASES = [
     (
         "service_swap",
-        {"service_swap_num_speculative_tokens": 16},
-        "service_swap_num_speculative_tokens is 16; it must be from 1 to service_swap_drafter_block_size - 1 (15):"
+        {"shared_settings_num_speculative_tokens": 16},
+        "shared_settings_num_speculative_tokens is 16; it must be from 1 to shared_settings_drafter_block_size - 1 (15):"
         " the drafter proposes one block at a time. Fix the inventory; nothing was changed.",
     ),
     (
@@ -77,20 +77,20 @@ CASES = [
     ),
     (
         "service_swap",
-        {"service_swap_user": "root"},
-        "service_swap_user is root; vLLM must run as an unprivileged user (the default is vllm)."
+        {"shared_settings_service_user": "root"},
+        "shared_settings_service_user is root; vLLM must run as an unprivileged user (the default is vllm)."
         " Fix the inventory; nothing was changed.",
     ),
     (
         "service_swap",
-        {"service_swap_spec_method": "ddtree", "service_swap_ddtree_budget": 8},
-        "service_swap_ddtree_budget is 8, below service_swap_num_speculative_tokens (15): a DDTree budget is at"
+        {"service_swap_spec_method": "ddtree", "shared_settings_ddtree_budget": 8},
+        "shared_settings_ddtree_budget is 8, below shared_settings_num_speculative_tokens (15): a DDTree budget is at"
         " least the tree's depth; raise it or leave it empty. Fix the inventory; nothing was changed.",
     ),
     (
         "model_stage",
-        {**MODEL_STAGE_OK, "model_stage_dest": "/opt/models"},
-        'model_stage: model_stage_dest is "/opt/models", a directory shared with other things; give the drafter a'
+        {**MODEL_STAGE_OK, "shared_settings_drafter_dir": "/opt/models"},
+        'model_stage: shared_settings_drafter_dir is "/opt/models", a directory shared with other things; give the drafter a'
         " directory of its own, such as /opt/models/<drafter>. Fix the inventory; nothing was changed.",
     ),
     (
@@ -101,31 +101,34 @@ CASES = [
     ),
     (
         "model_stage",
-        {**MODEL_STAGE_OK, "model_stage_target_dir": "/opt/models/Qwen3.6-27B-DFlash/"},
-        'model_stage: model_stage_dest and model_stage_target_dir are both "/opt/models/Qwen3.6-27B-DFlash"; the'
+        {**MODEL_STAGE_OK, "shared_settings_target_dir": "/opt/models/Qwen3.6-27B-DFlash/"},
+        'model_stage: shared_settings_drafter_dir and shared_settings_target_dir are both "/opt/models/Qwen3.6-27B-DFlash"; the'
         " drafter needs a directory of its own, not the target model's. Fix the inventory; nothing was changed.",
     ),
     (
         "drafter_config",
-        {"drafter_config_block_size": 1},
-        "drafter_config: drafter_config_block_size is 1; it must be at least 2. Fix the inventory; nothing was changed.",
+        {"shared_settings_drafter_block_size": 1},
+        "drafter_config: shared_settings_drafter_block_size is 1; it must be at least 2. Fix the inventory; nothing was changed.",
     ),
     (
         "drafter_config",
-        {"drafter_config_layer_types": ["sliding_attention", "full_attention"], "drafter_config_sliding_window": 0},
-        "drafter_config: drafter_config_layer_types has sliding_attention layers but drafter_config_sliding_window"
+        {
+            "shared_settings_drafter_layer_types": ["sliding_attention", "full_attention"],
+            "drafter_config_sliding_window": 0,
+        },
+        "drafter_config: shared_settings_drafter_layer_types has sliding_attention layers but drafter_config_sliding_window"
         " is 0; set the drafter's window (a positive number of tokens). Fix the inventory; nothing was changed.",
     ),
     (
         "gpu_check",
-        {"gpu_check_memory_utilization": 1.5},
-        "gpu_check thresholds for localhost are not usable: gpu_check_memory_utilization is 1.5; it must be above 0"
+        {"shared_settings_gpu_memory_utilization": 1.5},
+        "gpu_check thresholds for localhost are not usable: shared_settings_gpu_memory_utilization is 1.5; it must be above 0"
         " and at most 1. Fix them in the inventory's group_vars.",
     ),
     (
         "ddtree_patch",
-        {"ddtree_patch_budget": 8},
-        "ddtree_patch settings are wrong: ddtree_patch_budget is 8, below ddtree_patch_depth (15): the tree's node"
+        {"shared_settings_ddtree_budget": 8},
+        "ddtree_patch settings are wrong: shared_settings_ddtree_budget is 8, below shared_settings_num_speculative_tokens (15): the tree's node"
         " budget per step is at least its depth. Fix them in the inventory.",
     ),
 ]
@@ -140,11 +143,11 @@ def test_one_broken_rule_is_the_only_one_named(tmp_path: Path, role: str, extra:
 
 def test_two_broken_rules_are_both_named_and_nothing_else(tmp_path: Path) -> None:
     rc, errors = run_preflight(
-        tmp_path, "service_swap", {"service_swap_user": "root", "service_swap_tensor_parallel_size": 0}
+        tmp_path, "service_swap", {"shared_settings_service_user": "root", "service_swap_tensor_parallel_size": 0}
     )
     assert rc == 2
     assert errors == [
-        "service_swap_tensor_parallel_size is 0; it must be at least 1. service_swap_user is root; vLLM must run"
+        "service_swap_tensor_parallel_size is 0; it must be at least 1. shared_settings_service_user is root; vLLM must run"
         " as an unprivileged user (the default is vllm). Fix the inventory; nothing was changed."
     ]
 

@@ -54,9 +54,9 @@ def render(dirs: dict[str, Path], target: str, *extra: str) -> list[str]:
         "-e",
         "service_swap_vllm_executable=/opt/vllm/0.20.1/bin/vllm",
         "-e",
-        f"service_swap_target_dir={dirs[target]}",
+        f"shared_settings_target_dir={dirs[target]}",
         "-e",
-        "service_swap_drafter_dir=/opt/models/drafter",
+        "shared_settings_drafter_dir=/opt/models/drafter",
         "-e",
         f"render_dest={dest}",
         *extra,
@@ -105,7 +105,7 @@ def test_dense_target_ddtree_with_budget_and_extra_args(dirs):
         "-e",
         "service_swap_spec_method=ddtree",
         "-e",
-        "service_swap_ddtree_budget=32",
+        "shared_settings_ddtree_budget=32",
         "-e",
         "service_swap_tensor_parallel_size=2",
         "-e",
@@ -129,7 +129,9 @@ def test_dense_target_ddtree_with_budget_and_extra_args(dirs):
 
 
 def test_dflash_ignores_a_ddtree_budget_and_forced_prefix_caching(dirs):
-    lines = render(dirs, "hybrid", "-e", "service_swap_ddtree_budget=32", "-e", '{"service_swap_prefix_caching": true}')
+    lines = render(
+        dirs, "hybrid", "-e", "shared_settings_ddtree_budget=32", "-e", '{"service_swap_prefix_caching": true}'
+    )
     assert (
         lines[9]
         == ' --speculative-config \'{"method":"dflash","model":"/opt/models/drafter","num_speculative_tokens":15}\' \\'
@@ -157,7 +159,7 @@ def test_systemd_specifiers_and_spaces_are_escaped(dirs):
         ),
         # The defaults (32 sequences, 16384 tokens) with a DDTree budget of 1024 nodes.
         (
-            ["-e", "service_swap_spec_method=ddtree", "-e", "service_swap_ddtree_budget=1024"],
+            ["-e", "service_swap_spec_method=ddtree", "-e", "shared_settings_ddtree_budget=1024"],
             "reserves 1023 batched-token slots per sequence for ddtree drafting, so service_swap_max_num_seqs (32) x"
             " 1023 = 32736 must stay below service_swap_max_num_batched_tokens (16384).",
         ),
@@ -174,18 +176,18 @@ def test_preflight_names_every_missing_file_after_valid_settings(dirs):
     res = preflight(
         dirs,
         "-e",
-        f"service_swap_venv={dirs['tmp']}/venv",
+        f"service_swap_vllm_executable={dirs['tmp']}/venv/bin/vllm",
         "-e",
-        f"service_swap_target_dir={dirs['dense']}",
+        f"shared_settings_target_dir={dirs['dense']}",
         "-e",
-        f"service_swap_drafter_dir={dirs['drafter']}",
+        f"shared_settings_drafter_dir={dirs['drafter']}",
     )
     assert res.returncode == 2
     assert "Fix the inventory" not in res.stdout
     assert (
         f"Missing on localhost: {dirs['tmp']}/venv/bin/vllm (vllm executable: run vllm_install, or set "
-        f"service_swap_venv); {dirs['drafter']}/config.json (drafter: run model_stage and drafter_config, or set "
-        "service_swap_drafter_dir)."
+        f"service_swap_vllm_executable); {dirs['drafter']}/config.json (drafter: run model_stage and drafter_config, or set "
+        "shared_settings_drafter_dir)."
     ) in res.stdout
     assert "Nothing was changed." in res.stdout
 
@@ -223,7 +225,7 @@ def test_a_value_that_would_inject_unit_directives_is_refused_before_rendering(d
         "-e",
         "service_swap_vllm_executable=/opt/vllm/0.20.1/bin/vllm",
         "-e",
-        f"service_swap_target_dir={dirs['dense']}",
+        f"shared_settings_target_dir={dirs['dense']}",
         "-e",
         f"render_dest={dest}",
         "-e",
@@ -273,13 +275,13 @@ def test_preflight_refuses_a_ddtree_budget_whose_tree_state_cannot_fit(dirs):
     (dirs["drafter"] / "config.json").write_text("{}")
     args = [
         "-e",
-        f"service_swap_venv={dirs['tmp']}/venv",
+        f"service_swap_vllm_executable={dirs['tmp']}/venv/bin/vllm",
         "-e",
-        f"service_swap_target_dir={target}",
+        f"shared_settings_target_dir={target}",
         "-e",
-        f"service_swap_drafter_dir={dirs['drafter']}",
+        f"shared_settings_drafter_dir={dirs['drafter']}",
         "-e",
-        '{"service_swap_spec_method": "ddtree", "service_swap_ddtree_budget": 255, "service_swap_max_num_seqs": 1,'
+        '{"service_swap_spec_method": "ddtree", "shared_settings_ddtree_budget": 255, "service_swap_max_num_seqs": 1,'
         ' "service_swap_tensor_parallel_size": 2, "gpu_check_facts": {"gpus": [{"memory_total_mib": 49140},'
         ' {"memory_total_mib": 49140}]}}',
     ]
@@ -287,11 +289,11 @@ def test_preflight_refuses_a_ddtree_budget_whose_tree_state_cannot_fit(dirs):
     assert res.returncode == 2
     assert (
         "a DDTree request keeps 256 recurrent state slots of 146.8 MiB (18.4 GiB per GPU at tensor parallel 2), more"
-        " than the 17.3 GiB a GPU has left for vLLM after the weights; lower ddtree_patch_budget (or raise the tensor"
+        " than the 17.3 GiB a GPU has left for vLLM after the weights; lower shared_settings_ddtree_budget (or raise the tensor"
         " parallel size). Nothing was changed."
     ) in " ".join(res.stdout.split())
     # A budget of 15 fits: the preflight goes on to the next check (the SGLang unit).
-    args[-1] = args[-1].replace('"service_swap_ddtree_budget": 255', '"service_swap_ddtree_budget": 15')
+    args[-1] = args[-1].replace('"shared_settings_ddtree_budget": 255', '"shared_settings_ddtree_budget": 15')
     res = preflight(dirs, *args)
     assert "recurrent state slots" not in res.stdout
     assert "Read the SGLang unit the swap may have to restore" in res.stdout

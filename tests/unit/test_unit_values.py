@@ -10,7 +10,7 @@ def test_clean_values_pass():
     assert (
         unit_value_problems(
             {"service_swap_served_model_name": "Qwen 100% $HOME", "service_swap_extra_args": ["--enforce-eager"]},
-            {"service_swap_read_write_paths": ["/srv/a"], "service_swap_user": "vllm"},
+            {"service_swap_read_write_paths": ["/srv/a"], "shared_settings_service_user": "vllm"},
             {"service_swap_extra_env": {"VLLM_LOGGING_LEVEL": "DEBUG", "A_B": "x y"}},
             {"service_swap_api_key": "0123abcd"},
         )
