@@ -16,7 +16,8 @@ Each run must succeed and change nothing (otherwise the script stops and exits n
 idempotent run is what is measured). Prints the median wall time of each, its ratio to the one
 node baseline (goal: N nodes <= 1.5x one node), the load average, and where the time of an N node
 run goes: per play batch and the slowest tasks (benchmarks/callback/task_times.py). The lab is
-removed at the end unless --keep-lab.
+removed at the end unless --keep-lab. Also prints the controller's own CPU-seconds per node (the
+ansible-playbook process tree alone; goal: at most 5).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,6 +37,7 @@ import cpu_busy
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+CONTROLLER_GOAL_S = 5.0  # issue 25: a 2-core controller should drive many nodes a minute
 RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
@@ -46,16 +49,23 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def ansible(args: list[str], env: dict[str, str], log: Path) -> tuple[cpu_busy.Interval, str]:
-    """Run ansible-playbook; its wall time and busy cores (controller, SSH and lab nodes), its output."""
+def ansible(args: list[str], env: dict[str, str], log: Path) -> tuple[cpu_busy.Interval, float, str]:
+    """Run ansible-playbook: its wall time and busy cores (controller, SSH and lab nodes together),
+    the CPU-seconds of the ansible-playbook process tree alone (the controller's cost), its output.
+
+    The tree's CPU comes from getrusage(RUSAGE_CHILDREN): every process it started and reaped,
+    workers and ssh clients; SSH ControlPersist masters detach and are not counted."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with cpu_busy.Interval() as span:
         res = subprocess.run([str(BIN / "ansible-playbook"), *args], cwd=REPO, env=env, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    controller = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     log.write_text(res.stdout + res.stderr)
     if res.returncode != 0:
         raise RunFailed(
             f"ansible-playbook {' '.join(args)} failed (rc {res.returncode}); output in {log}:\n{res.stdout[-3000:]}"
         )
-    return span, res.stdout
+    return span, controller, res.stdout
 
 
 def main(argv: list[str]) -> int:
@@ -93,6 +103,8 @@ def main(argv: list[str]) -> int:
     times: dict[str, list[float]] = {m: [] for m in modes}
     profiles: dict[str, list[dict]] = {m: [] for m in modes}
     cpu_seconds: dict[str, list[float]] = {m: [] for m in modes}
+    controller_seconds: dict[str, list[float]] = {m: [] for m in modes}
+    hosts = {"1 node": 1, f"{a.nodes} nodes": a.nodes, f"{a.nodes} nodes, one batch": a.nodes}
     print(f"work dir {work}; load average at start {load()}", flush=True)
     try:
         subprocess.run(
@@ -108,7 +120,7 @@ def main(argv: list[str]) -> int:
             check=True,
         )
         ansible(["-i", str(inv), "tests/lab/wheelhouse.yml"], env, work / "wheelhouse.log")
-        span, _ = ansible(
+        span, _, _ = ansible(
             ["-i", str(inv), "site.yml"], dict(env, TASK_TIMES_FILE=str(work / "converge.json")), work / "converge.log"
         )
         print(f"converge on {a.nodes} nodes: {span.seconds:.1f} s", flush=True)
@@ -118,7 +130,7 @@ def main(argv: list[str]) -> int:
             for m in order:
                 tag = f"{r + 1}-{m.replace(' ', '_').replace(',', '')}"
                 prof = work / f"{tag}.json"
-                span, out = ansible(
+                span, controller, out = ansible(
                     ["-i", str(inv), "site.yml", *modes[m]], dict(env, TASK_TIMES_FILE=str(prof)), work / f"{tag}.log"
                 )
                 changed = {h: int(c) for h, _, c, _, _ in RECAP.findall(out) if int(c)}
@@ -126,6 +138,7 @@ def main(argv: list[str]) -> int:
                     raise RunFailed(f"{m}, repeat {r + 1}: not idempotent, changed: {changed} (log {work / tag}.log)")
                 times[m].append(span.seconds)
                 cpu_seconds[m].append(span.seconds * span.cores)
+                controller_seconds[m].append(controller)
                 profiles[m].append(json.loads(prof.read_text()))
                 print(
                     f"repeat {r + 1}: {m:<22} {span.seconds:7.2f} s  (load {load()}; busy cores {span.cores:.2f}"
@@ -157,6 +170,11 @@ def main(argv: list[str]) -> int:
         print(
             f"  {m:<22} {statistics.median(cs):7.1f} CPU-s  floor on {cores} cores {floor:6.2f} s = {floor / base:4.2f}x one node"
         )
+    print(f"\ncontroller CPU-seconds per node (the ansible-playbook process tree alone; goal <= {CONTROLLER_GOAL_S}):")
+    for m, cs in controller_seconds.items():
+        per_node = statistics.median(cs) / hosts[m]
+        verdict = "met" if per_node <= CONTROLLER_GOAL_S else "NOT met"
+        print(f"  {m:<22} {statistics.median(cs):7.1f} CPU-s  {per_node:5.2f} per node  {verdict}")
     for m in (many, f"{a.nodes} nodes, one batch", "1 node"):
         prof = profiles[m][len(profiles[m]) // 2]
         print(f"\nwhere the time of one '{m}' run goes ({prof['total_seconds']:.1f} s inside ansible-playbook):")
