@@ -44,7 +44,10 @@ from repo_module_utils import use_repo_module_utils  # noqa: E402
 use_repo_module_utils()
 
 DEPTH = 15  # block size 16
-METHODS = {"target": None, "chain": 0, "ddtree16": 16, "ddtree32": 32, "ddtree64": 64}
+# name -> DDTree budget (None: the target alone, 0: the DFlash chain). chain_sync is the chain with
+# synchronous scheduling, as DDTree runs: it splits the scheduling part of the gap from the rest.
+METHODS = {"target": None, "chain": 0, "chain_sync": 0, "ddtree16": 16, "ddtree32": 32, "ddtree64": 64}
+SYNC = {"chain_sync"}
 BATCHES = (1, 8)
 CONTEXTS = (512, 8192)
 START_S = {"8b": 80, "27b": 215}  # start-up with compilation, measured on an H200 (docs/benchmarks.md)
@@ -168,6 +171,14 @@ def decode_ms_per_step(first_token_ts: list[float], last_token_ts: list[float], 
     return round(1000 * span / steps, 3)
 
 
+def graph_tokens(budget: int | None, batch: int) -> int:
+    """Tokens of the largest decode step: vLLM sizes its CUDA graphs by the draft length alone
+    (min(2 x max_num_seqs x (1 + num_speculative_tokens), 512)), so DDTree steps of budget + 1
+    tokens per request at batch 8 would run without graphs unless the size covers them."""
+    per_request = 1 if budget is None else (budget or DEPTH) + 1
+    return batch * per_request
+
+
 def load_results(folder: Path) -> list[dict[str, Any]]:
     """The rows of every case file in folder; other JSON there (a proof summary, logs) is not a case."""
     cases = [folder / f"{s}_{m}.json" for s in SHAPES for m in METHODS]
@@ -228,6 +239,9 @@ def run_case(shape: str, method: str, root: Path, tokens: int) -> list[dict[str,
         kw["language_model_only"] = True
         kw["additional_config"] = {"gdn_prefill_backend": "triton"}
     budget = METHODS[method]
+    kw["compilation_config"] = {"max_cudagraph_capture_size": graph_tokens(budget, max(BATCHES))}
+    if method in SYNC:
+        kw["async_scheduling"] = False
     if budget is not None:
         spec: dict[str, Any] = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": DEPTH}
         if budget:

@@ -85,3 +85,9 @@ def test_only_case_files_are_read_back(bench, tmp_path):
     (tmp_path / "8b_chain.json").write_text(json.dumps([row]))
     (tmp_path / "summary_attention.json").write_text(json.dumps({"lossless": {}}))
     assert bench.load_results(tmp_path) == [row]
+
+
+def test_the_graphs_cover_the_largest_step_of_each_method(bench):
+    assert bench.graph_tokens(None, 8) == 8
+    assert bench.graph_tokens(0, 8) == 8 * (bench.DEPTH + 1)
+    assert bench.graph_tokens(64, 8) == 520  # over vLLM's default cap of 512
