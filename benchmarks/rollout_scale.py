@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
     profiles: dict[str, list[dict]] = {m: [] for m in modes}
     cpu_seconds: dict[str, list[float]] = {m: [] for m in modes}
     controller_seconds: dict[str, list[float]] = {m: [] for m in modes}
-    hosts = {"1 node": 1, f"{a.nodes} nodes": a.nodes, f"{a.nodes} nodes, one batch": a.nodes}
+    hosts = {m: 1 if "-l" in args else a.nodes for m, args in modes.items()}  # -l limits to one node
     print(f"work dir {work}; load average at start {load()}", flush=True)
     try:
         subprocess.run(
