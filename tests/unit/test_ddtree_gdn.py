@@ -285,7 +285,7 @@ def test_the_next_step_resumes_from_the_last_accepted_node(kernels):
     )
 
     # The walk accepted nodes 1, 3, 4 (rows 2, 4, 5): a path off the first rows.
-    runtime = ddtree.DDTreeRuntime(budget=n, depth=3, device=torch.device("cpu"))
+    runtime = ddtree.DDTreeRuntime(budget=n, depth=3, device=torch.device("cpu"), max_num_reqs=4, max_num_tokens=16)
     runtime._step = ddtree._StepTrees(
         num_reqs=1,
         has_drafts=torch.tensor([True]),
@@ -353,7 +353,7 @@ def test_the_next_step_resumes_from_the_last_accepted_node(kernels):
 
 def test_requests_without_drafts_keep_their_state():
     ddtree = load_ddtree_runtime()
-    runtime = ddtree.DDTreeRuntime(budget=3, depth=3, device=torch.device("cpu"))
+    runtime = ddtree.DDTreeRuntime(budget=3, depth=3, device=torch.device("cpu"), max_num_reqs=4, max_num_tokens=16)
     conv = torch.randn(3, DIM, WIDTH - 1 + 3)
     ssm = torch.randn(9, HV, V, K)
     conv0, ssm0 = conv.clone(), ssm.clone()

@@ -63,7 +63,7 @@ class Step:
     """One verification step of the batch [b (tree), c (prefill, no drafts), a (tree)]."""
 
     def __init__(self, dd, drafts_a: int = 4):
-        self.rt = dd.DDTreeRuntime(budget=4, depth=2, device=torch.device("cpu"))
+        self.rt = dd.DDTreeRuntime(budget=4, depth=2, device=torch.device("cpu"), max_num_reqs=4, max_num_tokens=16)
         self.tokens = self.rt.build(DRAFT_LOGITS, ["a", "b"]).tolist()
         self.num_draft = [4, 0, drafts_a]
         qlens = [5, 3, drafts_a + 1]
@@ -104,8 +104,31 @@ def test_positions_are_root_plus_depth_and_the_bias_is_per_request(dd):
     assert allowed[1] == [[1] * 5] * 5  # c: no drafts, left to the causal mask
     assert allowed[2] == tree  # a
     assert torch.isneginf(dd.current_attn_bias()[0, 2, 3])
+    # One persistent buffer (a CUDA graph keeps its address): rows past the batch allow all.
+    assert dd.current_attn_bias() is step.rt.attn_bias
+    assert dd.current_attn_bias().shape == (4, 5, 5)
+    assert (dd.current_attn_bias()[3] == 0).all()
+    # A forward without drafts follows: every row goes back to all-allowed.
     step.rt.end_forward()
-    assert dd.current_attn_bias() is None
+    assert (dd.current_attn_bias() == 0).all()
+
+
+def test_a_smaller_batch_clears_the_rows_of_the_larger_one_before_it(dd):
+    step = Step(dd)
+    step.prepare()
+    step.rt.prepare_step(
+        ["b"], [4], step.qsl[:2], step.num_computed[:1], step.req_indices[:5], step.query_pos[:5], step.positions
+    )
+    bias = dd.current_attn_bias()
+    assert torch.isneginf(bias[0, 2, 3])
+    assert (bias[1:] == 0).all()
+
+
+def test_a_step_larger_than_the_buffers_is_refused(dd):
+    step = Step(dd)
+    step.rt.tree_parents = step.rt.tree_parents[:8]
+    with pytest.raises(RuntimeError, match="exceeds the buffers sized for 4 / 8"):
+        step.prepare()
 
 
 def test_walk_returns_accepted_path_and_bonus_in_the_rejection_sampler_layout(dd):
@@ -116,7 +139,6 @@ def test_walk_returns_accepted_path_and_bonus_in_the_rejection_sampler_layout(dd
     choices = [*[1, 0, 0, 3, 5], 6, *[0, 2, 0, 0, 0]]  # b, c, a
     out = step.rt.sample(one_hot_rows(choices), step.input_ids, step.num_draft, Sampling())
     assert out.sampled_token_ids.tolist() == [[1, 3, 5, -1, -1], [6, -1, -1, -1, -1], [0, 2, -1, -1, -1]]
-    assert dd.current_attn_bias() is None
 
 
 def test_compaction_moves_the_accepted_path_onto_consecutive_slots(dd):
@@ -183,7 +205,7 @@ def test_sampled_rows_follow_the_target_distribution_and_greedy_rows_the_argmax(
 
 def test_budget_below_depth_is_refused(dd):
     with pytest.raises(ValueError, match="budget 3 < drafter depth 4"):
-        dd.DDTreeRuntime(budget=3, depth=4, device=torch.device("cpu"))
+        dd.DDTreeRuntime(budget=3, depth=4, device=torch.device("cpu"), max_num_reqs=4, max_num_tokens=16)
 
 
 def test_mrope_rows_get_the_depth_positions_and_parent_rows_are_published(dd):
@@ -205,10 +227,12 @@ def test_mrope_rows_get_the_depth_positions_and_parent_rows_are_published(dd):
     want = [110, 111, 112, 111, 112, 100, 101, 102, 120, 121, 122, 121, 122]
     assert mrope.tolist() == [want] * 3
     # Parent rows within each request (-1 for the root; the prefill c continues row by row).
-    assert dd.current_tree_parents().tolist() == [-1, 0, 1, 0, 3, -1, 0, 1, -1, 0, 1, 0, 3]
+    assert dd.current_tree_parents()[:13].tolist() == [-1, 0, 1, 0, 3, -1, 0, 1, -1, 0, 1, 0, 3]
+    # Past the step: chains of N+1 rows, as the buffer was made for graph capture.
+    assert dd.current_tree_parents()[13:].tolist() == [2, 3, -1]
     choices = [*[1, 0, 0, 3, 5], 6, *[0, 2, 0, 0, 0]]
     step.rt.sample(one_hot_rows(choices), step.input_ids, step.num_draft, Sampling())
-    assert dd.current_tree_parents() is None
+    assert dd.current_tree_parents() is step.rt.tree_parents
     slots = torch.arange(13)
     step.rt.compact([(slots, [torch.zeros(2, 4, 4, 1, 2)])], [], step.positions, mrope_positions=mrope)
     assert torch.equal(mrope, before)

@@ -54,32 +54,25 @@ logger = init_logger(__name__)
 
 _SAMPLING_EPS = 1e-5
 
-# Per-request attention bias for the step being verified; read by the
-# TREE_ATTN metadata builder while the target's attention metadata is built.
-_STEP_ATTN_BIAS: torch.Tensor | None = None
+# The runtime of this worker process. Its bias and parent buffers are
+# persistent (allocated once, written in place every step) so that a CUDA graph
+# captured over the target's forward replays with this step's trees: a graph
+# keeps the addresses it saw at capture, never a tensor made later.
+_RUNTIME: DDTreeRuntime | None = None
 
 
 def current_attn_bias() -> torch.Tensor | None:
-    return _STEP_ATTN_BIAS
-
-
-def _set_attn_bias(bias: torch.Tensor | None) -> None:
-    global _STEP_ATTN_BIAS
-    _STEP_ATTN_BIAS = bias
-
-
-# Parent row (within its request, -1 for the root row) of every token of the
-# step being verified; read by the Gated DeltaNet layers' spec-decode path.
-_STEP_TREE_PARENTS: torch.Tensor | None = None
+    """Per-request attention bias ``[max_num_reqs, N+1, N+1]`` (0 allowed, -inf
+    masked) read by the TREE_ATTN metadata builder; None without DDTree.
+    Rows of requests without drafts are 0: the kernel's causal mask decides."""
+    return None if _RUNTIME is None else _RUNTIME.attn_bias
 
 
 def current_tree_parents() -> torch.Tensor | None:
-    return _STEP_TREE_PARENTS
-
-
-def _set_tree_parents(parents: torch.Tensor | None) -> None:
-    global _STEP_TREE_PARENTS
-    _STEP_TREE_PARENTS = parents
+    """Parent row (within its request, -1 for the root row) of every token of
+    the step being verified, ``[max_num_tokens]`` int32; read by the Gated
+    DeltaNet layers' spec-decode path. None without DDTree."""
+    return None if _RUNTIME is None else _RUNTIME.tree_parents
 
 
 @dataclass
@@ -124,7 +117,15 @@ class _StepTrees:
 
 
 class DDTreeRuntime:
-    def __init__(self, budget: int, depth: int, device: torch.device):
+    def __init__(
+        self,
+        budget: int,
+        depth: int,
+        device: torch.device,
+        max_num_reqs: int,
+        max_num_tokens: int,
+    ):
+        global _RUNTIME
         if budget < depth:
             raise ValueError(f"ddtree budget {budget} < drafter depth {depth}")
         self.budget = budget
@@ -142,9 +143,16 @@ class DDTreeRuntime:
         star[:, 0] = True
         self._star_mask = star
         self._node_ids = torch.arange(n + 1, device=device)
+        # Persistent step buffers (see _RUNTIME). The bias starts all-allowed;
+        # the parents start as chains of N+1 rows, the shape graphs are
+        # captured with, so a capture reads valid rows.
+        self.attn_bias = torch.zeros(max_num_reqs, n + 1, n + 1, dtype=torch.float32, device=device)
+        self.tree_parents = (torch.arange(max_num_tokens, dtype=torch.int32, device=device) % (n + 1)) - 1
+        self._bias_rows = 0  # rows of attn_bias holding a tree mask
         # Hybrid targets: the accepted-token count the recurrent layers resume
         # from next step, per request of the step just compacted.
         self._resume: torch.Tensor | None = None  # has_drafts of the step compacted
+        _RUNTIME = self
         logger.info("DDTree: budget %d nodes, drafter depth %d.", budget, depth)
 
     def _warn_once(self, key: str, msg: str) -> None:
@@ -239,14 +247,22 @@ class DDTreeRuntime:
         # Parent rows: a node's parent node + 1 (the root's children: row 0);
         # other tokens continue the row before them, as in a chain.
         tok_parent = torch.where(tok_has, parent[req_indices, node] + 1, qpos - 1)
-        _set_tree_parents(tok_parent.to(torch.int32))
+        if total > self.tree_parents.shape[0] or num_reqs > self.attn_bias.shape[0]:
+            raise RuntimeError(
+                f"DDTree: a step of {num_reqs} requests / {total} tokens exceeds the "
+                f"buffers sized for {self.attn_bias.shape[0]} / {self.tree_parents.shape[0]}"
+            )
+        self.tree_parents[:total].copy_(tok_parent)
 
-        # Bias [num_reqs, N+1, N+1]: 0 where attention is allowed; requests
-        # without drafts (decodes of one token, short prefills) stay causal.
+        # Bias rows: 0 where attention is allowed; requests without drafts
+        # (decodes of one token, short prefills) stay causal.
         allowed = mask | ~has_drafts.view(-1, 1, 1)
-        bias = torch.zeros(num_reqs, n + 1, n + 1, dtype=torch.float32, device=device)
+        bias = self.attn_bias[:num_reqs]
+        bias.zero_()
         bias.masked_fill_(~allowed, float("-inf"))
-        _set_attn_bias(bias)
+        if self._bias_rows > num_reqs:
+            self.attn_bias[num_reqs : self._bias_rows].zero_()
+        self._bias_rows = num_reqs
 
         self._step = _StepTrees(
             num_reqs=num_reqs,
@@ -262,8 +278,12 @@ class DDTreeRuntime:
         )
 
     def end_forward(self) -> None:
-        _set_attn_bias(None)
-        _set_tree_parents(None)
+        """A forward without drafts follows: its short queries (one-token
+        decodes, prefill chunks of at most N+1 tokens) are read with the bias
+        too, so the tree rows go back to all-allowed."""
+        if self._bias_rows:
+            self.attn_bias[: self._bias_rows].zero_()
+            self._bias_rows = 0
 
     # ------------------------------------------------------------------
     # Acceptance
@@ -302,7 +322,6 @@ class DDTreeRuntime:
         sampling_metadata,
     ) -> SamplerOutput:
         """Walk every request's tree; return accepted tokens + bonus, -1 padded."""
-        self.end_forward()
         step = self._step
         assert step is not None, "DDTree: sample() without prepare_step()"
         if sampling_metadata.max_num_logprobs is not None:
