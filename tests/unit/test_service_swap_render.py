@@ -139,6 +139,22 @@ def test_dflash_ignores_a_ddtree_budget_and_forced_prefix_caching(dirs):
     assert lines[10] == " --enable-prefix-caching"
 
 
+def test_the_tuned_winner_comes_before_ddtree_patchs_method(dirs):
+    # roles/tune's winner (tune_winner, set from the node's record) is what a re-run renders.
+    winner = '{"tune_winner": {"name": "ddtree-32", "method": "ddtree", "budget": 32}}'
+    lines = render(dirs, "hybrid", "-e", winner, "-e", "ddtree_patch_method=dflash", "-e", "ddtree_patch_budget=15")
+    assert lines[9] == (
+        ' --speculative-config \'{"method":"ddtree","model":"/opt/models/drafter","num_speculative_tokens":15,'
+        '"ddtree_budget":32}\' \\'
+    )
+    chain = '{"tune_winner": {"name": "dflash", "method": "dflash", "budget": null}}'
+    lines = render(dirs, "hybrid", "-e", chain, "-e", "ddtree_patch_method=ddtree", "-e", "ddtree_patch_budget=32")
+    assert (
+        lines[9]
+        == ' --speculative-config \'{"method":"dflash","model":"/opt/models/drafter","num_speculative_tokens":15}\' \\'
+    )
+
+
 def test_systemd_specifiers_and_spaces_are_escaped(dirs):
     lines = render(dirs, "dense", "-e", '{"service_swap_served_model_name": "Qwen 100% $HOME"}')
     assert lines[3] == " --served-model-name 'Qwen 100%% $$HOME' \\"
