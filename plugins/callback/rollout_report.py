@@ -188,6 +188,8 @@ def summary_table(rows: list[tuple[str, ...]]) -> str:
 
 
 TUNE_COLUMNS = ("host", "method", "budget", "tok/s", "acceptance", "vs chain", "note")
+# The tuning note carries the whole choice (figures, ratio and margin) or a candidate's failure.
+TUNE_NOTE_WIDTH = 200
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -216,7 +218,7 @@ def tune_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
                     _fmt(r.get("tok_s"), ".1f"),
                     _fmt(r.get("acceptance"), ".2f"),
                     "x" + _fmt(r.get("vs_chain"), ".3f") if r.get("vs_chain") is not None else "-",
-                    note(text),
+                    note(text, TUNE_NOTE_WIDTH),
                 )
             )
     return rows
