@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 import pytest
-from tune_choice import tune_candidate_name, tune_candidate_problems, tune_choose, tune_inputs_digest
+from tune_choice import (
+    tune_candidate_name,
+    tune_candidate_problems,
+    tune_choose,
+    tune_ddtree_unavailable,
+    tune_inputs_digest,
+    tune_order_results,
+    tune_plan,
+    tune_read_prompts,
+    tune_read_record,
+    tune_swap_serving,
+)
 
 DEFAULTS = [
     {"method": "dflash"},
@@ -64,7 +75,7 @@ def test_the_default_candidates_are_fine() -> None:
         ),
         (
             [{"method": "dflash"}, {"method": "ddtree", "budget": 8}],
-            "tune_candidates[1] has budget 8, below service_swap_num_speculative_tokens (15): a DDTree budget is at "
+            "tune_candidates[1] has budget 8, below shared_settings_num_speculative_tokens (15): a DDTree budget is at "
             "least the tree's depth",
         ),
         (
@@ -202,3 +213,116 @@ def test_the_digest_ignores_key_order_and_sees_every_change() -> None:
     assert len(tune_inputs_digest(a)) == 64
     assert tune_inputs_digest(a) != tune_inputs_digest({**a, "vllm_version": "0.20.2"})
     assert tune_inputs_digest(a) != tune_inputs_digest({**a, "candidates": ["dflash"]})
+
+
+# --- DDTree not available on the node, prompts, records and service_swap's fact ----------------
+
+NO_TREE = "the target has Mamba layers (mamba2): trees need branch-local state"
+
+
+def skipped(budget: int) -> dict:
+    return {
+        "method": "ddtree",
+        "budget": budget,
+        "status": "skipped",
+        "reason": f"not measured: DDTree is not available on this node: {NO_TREE}",
+    }
+
+
+def test_without_ddtree_only_the_chain_is_started_and_the_rest_say_why() -> None:
+    plan = tune_plan(DEFAULTS, NO_TREE)
+    assert plan["measure"] == [{"method": "dflash"}]
+    assert plan["skipped"] == [skipped(16), skipped(32), skipped(64)]
+
+
+def test_with_ddtree_every_candidate_is_started() -> None:
+    assert tune_plan(DEFAULTS, "") == {"measure": DEFAULTS, "skipped": []}
+
+
+def test_the_chain_serves_when_no_ddtree_was_measured_and_says_why() -> None:
+    out = tune_choose([measured("dflash", None, 100.0, 1.0), skipped(16), skipped(32)], 0.05, 1)
+    assert (out["winner"], out["budget"]) == ("dflash", None)
+    assert out["reason"] == (
+        "the chain 100.0 tok/s at concurrency 1: no DDTree candidate was measured (not measured: DDTree is not "
+        "available on this node: the target has Mamba layers (mamba2): trees need branch-local state)"
+    )
+    assert [r["status"] for r in out["rows"]] == ["ok", "skipped", "skipped"]
+
+
+def test_a_chain_only_list_says_it_lists_no_budget() -> None:
+    out = tune_choose([measured("dflash", None, 100.0, 1.0)], 0.05, 1)
+    assert out["reason"] == "the chain 100.0 tok/s at concurrency 1: tune_candidates lists no DDTree budget"
+
+
+def test_a_failed_chain_with_every_tree_skipped_has_no_winner() -> None:
+    out = tune_choose([failed("dflash", None, "dies"), skipped(16)], 0.05, 1)
+    assert out["winner"] is None
+    assert out["reason"] == (
+        "no candidate passed, so none serves (dflash: dies; ddtree-16: not measured: DDTree is not available on "
+        "this node: the target has Mamba layers (mamba2): trees need branch-local state)"
+    )
+
+
+def test_results_come_back_in_the_candidates_order() -> None:
+    results = [measured("dflash", None, 1.0, 1.0), skipped(16), skipped(64), failed("ddtree", 32, "x")]
+    names = [tune_candidate_name(r) for r in tune_order_results(results, DEFAULTS)]
+    assert names == ["dflash", "ddtree-16", "ddtree-32", "ddtree-64"]
+
+
+def test_ddtree_patch_s_reason_comes_first() -> None:
+    assert tune_ddtree_unavailable(" " + NO_TREE + " ", True, "/opt/vllm/0.20.1", "") == NO_TREE
+
+
+def test_no_change_set_record_means_no_ddtree() -> None:
+    assert tune_ddtree_unavailable(None, False, "/opt/vllm/0.20.1", "") == (
+        "the DDTree change set is not applied to /opt/vllm/0.20.1 (no vllm-changeset.json): run site.yml "
+        "(ddtree_patch with ddtree_patch_state present) to measure DDTree budgets"
+    )
+
+
+def test_the_target_s_own_reason_applies_without_ddtree_patch() -> None:
+    assert tune_ddtree_unavailable(None, True, "/v", NO_TREE) == NO_TREE
+    assert tune_ddtree_unavailable("", True, "/v", "") == ""
+
+
+FIX = "point tune_prompts_file at a JSON list of prompt strings such as playbooks/files/bench_prompts.json"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("", f"tune_prompts_file /p.json is missing or empty on the controller: {FIX}"),
+        (None, f"tune_prompts_file /p.json is missing or empty on the controller: {FIX}"),
+        (
+            '["a", ',
+            f"tune_prompts_file /p.json is not JSON (Expecting value: line 1 column 7 (char 6)): {FIX}",
+        ),
+        ('{"a": 1}', f"tune_prompts_file /p.json holds dict, not a list of prompts: {FIX}"),
+        ("[]", f"tune_prompts_file /p.json holds an empty list, not a list of prompts: {FIX}"),
+        (
+            '["a", 3, " "]',
+            f"tune_prompts_file /p.json has entries that are not non-empty strings (index 1, 2): {FIX}",
+        ),
+    ],
+)
+def test_a_bad_prompt_file_is_named_with_what_is_wrong(text: object, problem: str) -> None:
+    assert tune_read_prompts(text, "/p.json") == {"prompts": [], "problem": problem}
+
+
+def test_a_good_prompt_file_gives_its_prompts() -> None:
+    assert tune_read_prompts('["one", "two"]', "/p.json") == {"prompts": ["one", "two"], "problem": ""}
+
+
+@pytest.mark.parametrize(
+    ("text", "serving"),
+    [('{"phase": "swapped", "serving": "vllm"}', "vllm"), ('{"serving": "sglang"}', "sglang"), ("{", ""), ("", "")],
+)
+def test_what_the_swap_fact_says_serves(text: str, serving: str) -> None:
+    assert tune_swap_serving(text) == serving
+
+
+def test_a_broken_record_counts_as_never_tuned() -> None:
+    good = '{"inputs_digest": "ab", "inputs": {}, "results": [{"method": "dflash"}]}'
+    assert tune_read_record(good) == {"inputs_digest": "ab", "inputs": {}, "results": [{"method": "dflash"}]}
+    for bad in ("", "{", "[]", '{"inputs_digest": 1, "results": []}', '{"inputs_digest": "ab", "results": [1]}'):
+        assert tune_read_record(bad) == {}
