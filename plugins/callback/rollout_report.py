@@ -148,6 +148,8 @@ def summary_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
         tune = _section(report, "tune")
         if tune.get("reason") and h.get("outcome") in ("ok", "changed"):
             first = "tuned: " + str(tune["reason"])  # a candidate's rescued failure is in the tuning table
+        elif tune.get("skipped"):
+            first = "not tuned: " + str(tune["skipped"])  # playbooks/tune.yml on a node vLLM does not serve
         if h.get("outcome") == "not reached" and h.get("not_reached"):
             first = "not reached: " + h["not_reached"][0] + " stopped before its batch"
         acceptance = _get(report, "service_swap", "mean_acceptance_length")
@@ -206,6 +208,8 @@ def tune_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
                 continue
             if r.get("chosen"):
                 text = "serves: " + str(tune.get("reason") or "")
+            elif r.get("status") == "skipped":
+                text = str(r.get("note") or "not measured")  # "not measured: <why>"
             elif r.get("status") != "ok":
                 text = "failed, skipped: " + str(r.get("note") or "")
             else:

@@ -342,3 +342,47 @@ def test_the_tuning_table_has_every_candidate() -> None:
 
 def test_no_tuning_no_rows() -> None:
     assert tune_rows(HOSTS) == []
+
+
+def test_a_ddtree_budget_not_measured_says_why_in_the_table() -> None:
+    rows = [
+        {
+            "name": "dflash",
+            "method": "dflash",
+            "budget": None,
+            "status": "ok",
+            "tok_s": 500.0,
+            "acceptance": 6.25,
+            "vs_chain": 1.0,
+            "chosen": True,
+            "note": "",
+        },
+        {
+            "name": "ddtree-16",
+            "method": "ddtree",
+            "budget": 16,
+            "status": "skipped",
+            "tok_s": None,
+            "acceptance": None,
+            "vs_chain": None,
+            "chosen": False,
+            "note": "not measured: DDTree is not available on this node: the target has Mamba layers (mamba)",
+        },
+    ]
+    hosts = {"n2": _tuned("dflash", "the chain 500.0 tok/s at concurrency 1: no DDTree candidate was measured", rows)}
+    assert tune_table(tune_rows(hosts), 1).splitlines()[2] == (
+        "n2    ddtree  16      -            -           -         not measured: DDTree is not available on this node:"
+        " the target has Mamba layers (mamba)"
+    )
+
+
+def test_a_node_tune_yml_skipped_says_so_and_what_to_do() -> None:
+    hosts = {
+        "n3": {
+            "outcome": "ok",
+            "stats": {"changed": 0},
+            "report": {"tune": {"skipped": "serves sglang, not vLLM: run site.yml -l n3 first"}},
+        }
+    }
+    assert summary_rows(hosts)[0][-1] == "not tuned: serves sglang, not vLLM: run site.yml -l n3 first"
+    assert tune_rows(hosts) == []
