@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def series(data: dict) -> tuple[list[int], list[tuple[str, list[float], bool]], list[str]]:
-    """Concurrency levels, (candidate, tok/s per level, chosen) for those measured, and the failed ones' notes."""
+    """Concurrency levels, (candidate, tok/s per level, chosen) for those measured, and a note per other one."""
     choice = data.get("choice") or {}
     winner = choice.get("winner")
     rows = {r["name"]: r for r in choice.get("rows") or []}
@@ -27,7 +27,9 @@ def series(data: dict) -> tuple[list[int], list[tuple[str, list[float], bool]], 
     for result in data.get("results") or []:
         name = f"ddtree-{result.get('budget')}" if result.get("method") == "ddtree" else str(result.get("method"))
         if result.get("status") != "ok":
-            failed.append(f"{name}: {result.get('reason') or rows.get(name, {}).get('note', 'failed')}")
+            why = result.get("reason") or rows.get(name, {}).get("note", "failed")
+            # A budget DDTree could not run says "not measured: ..." itself; a failure is marked.
+            failed.append(f"{name}: {why}" if result.get("status") == "skipped" else f"failed: {name}: {why}")
             continue
         by_level = {lv["concurrency"]: lv.get("throughput_tok_s") or 0.0 for lv in result.get("levels") or []}
         bars.append((name, [float(by_level.get(c, 0.0)) for c in levels], name == winner))
@@ -55,7 +57,7 @@ def plot(data: dict, path: Path) -> None:
     if bars:
         ax.legend(fontsize=8, loc="upper left")
     fig.suptitle(f"{data.get('host')}: {choice.get('winner') or 'no candidate'} serves", fontsize=11)
-    notes = [str(choice.get("reason") or "")] + [f"failed: {f}" for f in failed]
+    notes = [str(choice.get("reason") or ""), *failed]
     fig.text(0.01, 0.01, "\n".join(n[:140] for n in notes), fontsize=7, va="bottom")
     fig.tight_layout(rect=(0, 0.05 + 0.03 * len(notes), 1, 0.95))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ DATA = {
             "levels": [{"concurrency": 1, "throughput_tok_s": 600.0}, {"concurrency": 4, "throughput_tok_s": 1400.0}],
         },
         {"method": "ddtree", "budget": 64, "status": "failed", "reason": "vLLM did not become healthy"},
+        {"method": "ddtree", "budget": 128, "status": "skipped", "reason": "not measured: DDTree is not available"},
     ],
 }
 
@@ -39,7 +40,7 @@ def test_series_has_the_measured_candidates_and_names_the_failed() -> None:
     assert tune_plot.series(DATA) == (
         [1, 4],
         [("dflash", [500.0, 1500.0], False), ("ddtree-32", [600.0, 1400.0], True)],
-        ["ddtree-64: vLLM did not become healthy"],
+        ["failed: ddtree-64: vLLM did not become healthy", "ddtree-128: not measured: DDTree is not available"],
     )
 
 
