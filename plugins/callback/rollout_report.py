@@ -145,12 +145,19 @@ def summary_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
         first = next((e["msg"] for e in h.get("errors") or [] if e.get("msg")), "")
         if swap.get("rolled_back") and swap.get("reason"):
             first = str(swap["reason"])  # why the swap was undone, recorded without host or task
+        tune = _section(report, "tune")
+        if tune.get("reason") and h.get("outcome") in ("ok", "changed"):
+            first = "tuned: " + str(tune["reason"])  # a candidate's rescued failure is in the tuning table
+        elif tune.get("skipped"):
+            first = "not tuned: " + str(tune["skipped"])  # playbooks/tune.yml on a node vLLM does not serve
         if h.get("outcome") == "not reached" and h.get("not_reached"):
             first = "not reached: " + h["not_reached"][0] + " stopped before its batch"
         acceptance = _get(report, "service_swap", "mean_acceptance_length")
         serving = str(_get(report, "service_swap", "serving"))
         if swap.get("rolled_back"):
             serving += " (rolled back)"
+        elif tune.get("winner") and serving == "vllm":
+            serving += f" {tune['winner']}"
         tok_s = str(_get(report, "service_swap", "tokens_per_second"))
         shape = _probe_shape(swap)
         rows.append(
@@ -177,6 +184,55 @@ def summary_table(rows: list[tuple[str, ...]]) -> str:
     if len(shapes) == 1:
         columns[i] = f"probe tok/s ({shapes.pop()[:-1]})"
         rows = [(*r[:i], r[i].rsplit(" (", 1)[0], *r[i + 1 :]) for r in rows]
+    table = [tuple(columns), *rows]
+    widths = [max(len(r[k]) for r in table) for k in range(len(columns))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table)
+
+
+TUNE_COLUMNS = ("host", "method", "budget", "tok/s", "acceptance", "vs chain", "note")
+# The tuning note carries the whole choice (figures, ratio and margin) or a candidate's failure.
+TUNE_NOTE_WIDTH = 200
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def tune_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
+    """One row per tuned host and candidate: its figures at the chosen concurrency, and why it serves or not."""
+    rows = []
+    for name in sorted(hosts):
+        tune = _section(hosts[name].get("report"), "tune")
+        for r in tune.get("rows") or []:
+            if not isinstance(r, dict):
+                continue
+            if r.get("chosen"):
+                text = "serves: " + str(tune.get("reason") or "")
+            elif r.get("status") == "skipped":
+                text = str(r.get("note") or "not measured")  # "not measured: <why>"
+            elif r.get("status") != "ok":
+                text = "failed, skipped: " + str(r.get("note") or "")
+            else:
+                text = ""
+            rows.append(
+                (
+                    name,
+                    str(r.get("method") or "-"),
+                    str(r.get("budget")) if r.get("budget") not in (None, "") else "-",
+                    _fmt(r.get("tok_s"), ".1f"),
+                    _fmt(r.get("acceptance"), ".2f"),
+                    "x" + _fmt(r.get("vs_chain"), ".3f") if r.get("vs_chain") is not None else "-",
+                    note(text, TUNE_NOTE_WIDTH),
+                )
+            )
+    return rows
+
+
+def tune_table(rows: list[tuple[str, ...]], concurrency: Any = None) -> str:
+    """The tuning rows under their headers; tok/s is at the concurrency the choice used."""
+    columns = list(TUNE_COLUMNS)
+    if concurrency not in (None, ""):
+        columns[3] = f"tok/s (c={concurrency})"
     table = [tuple(columns), *rows]
     widths = [max(len(r[k]) for r in table) for k in range(len(columns))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table)
@@ -277,4 +333,9 @@ class CallbackModule(CallbackBase):
         )
         self._display.banner("ROLLOUT REPORT")
         self._display.display(summary_table(summary_rows(self.hosts)))
+        tuned = tune_rows(self.hosts)
+        if tuned:
+            levels = {_section(h.get("report"), "tune").get("concurrency") for h in self.hosts.values()} - {None}
+            self._display.banner("TUNING")
+            self._display.display(tune_table(tuned, levels.pop() if len(levels) == 1 else None))
         self._display.display(f"report: {path}")

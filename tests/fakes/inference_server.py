@@ -28,6 +28,14 @@ engine, a section named after the engine ("vllm", "sglang") overrides them for t
     {"vllm": {"die_at_start": true}}    exits 1 before serving (systemd sees a failed start)
     {"vllm": {"low_acceptance": true}}  drafts are almost never accepted (mean length about 1.1)
     {"vllm": {"slow_start_s": 20}}      /health answers 503 for that many seconds first
+Speed knobs (roles/tune measures them): `accept_share`, the share of the speculative tokens a draft
+gets accepted (default 0.35), and `step_cost`, how many times longer a target step takes (default
+1.0; a DDTree step verifies more tokens and costs more). A "methods" section inside the engine's
+section overrides any knob for one speculative method, named as roles/tune names its candidates
+("dflash", "ddtree-<budget>"), so one node can favour the chain and another a tree, or make one
+budget fail:
+    {"vllm": {"methods": {"ddtree-32": {"accept_share": 0.6, "step_cost": 1.2},
+                          "ddtree-64": {"die_at_start": true}}}}
 
 Standard library only: lab nodes have nothing but Debian's python3.
 """
@@ -82,6 +90,7 @@ class Engine:
     speculative_raw: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     in_flight: int = 0
+    step_s: float = TARGET_STEP_S
 
     def check(self) -> None:
         if not Path(self.model_path, "config.json").is_file():
@@ -111,12 +120,12 @@ class Engine:
         with self.lock:
             self.in_flight += 1
         try:
-            time.sleep(TARGET_STEP_S + PREFILL_S_PER_WORD * len(prompt.split()))
+            time.sleep(self.step_s + PREFILL_S_PER_WORD * len(prompt.split()))
             per_step, done, step = self.tokens_per_step(), 0, 0
             while done < len(words):
                 with self.lock:
                     others = self.in_flight - 1
-                time.sleep(TARGET_STEP_S * (1 + BATCH_STEP_COST * others))
+                time.sleep(self.step_s * (1 + BATCH_STEP_COST * others))
                 step += 1
                 upto = min(len(words), max(done + 1, round(step * per_step)))
                 yield " " + " ".join(words[done:upto]), upto - done
@@ -315,6 +324,15 @@ class VLLM(Engine):
     def speculative_tokens(self) -> int:
         return int(self.speculative["num_speculative_tokens"]) if self.speculative else 0
 
+    def method_name(self) -> str:
+        """The speculative method as roles/tune names its candidates: 'dflash', 'ddtree-<budget>' ('' without)."""
+        if not self.speculative:
+            return ""
+        method = str(self.speculative["method"])
+        if method == "ddtree":
+            return f"ddtree-{self.speculative.get('ddtree_budget') or self.speculative['num_speculative_tokens']}"
+        return method
+
     def accepted_share(self) -> float:
         return self.accept_share
 
@@ -375,6 +393,24 @@ def load_knobs(engine: str) -> dict:
         return {}
     knobs = {k: v for k, v in raw.items() if k not in ENGINES}
     knobs.update(raw.get(engine) or {})
+    return knobs
+
+
+def apply_knobs(engine: Engine, knobs: dict) -> dict:
+    """Set the engine's speed from the knobs; returns the knobs in force for its speculative method.
+
+    A "methods" entry named like the engine's method ("dflash", "ddtree-32") overrides the others.
+    """
+    knobs = dict(knobs)
+    methods = knobs.pop("methods", None)
+    if isinstance(engine, VLLM) and isinstance(methods, dict):
+        knobs.update(methods.get(engine.method_name()) or {})
+    if isinstance(engine, VLLM):
+        if "accept_share" in knobs:
+            engine.accept_share = float(knobs["accept_share"])
+        if knobs.get("low_acceptance"):
+            engine.accept_share = LOW_ACCEPT_SHARE
+    engine.step_s = TARGET_STEP_S * float(knobs.get("step_cost", 1.0))
     return knobs
 
 
@@ -516,8 +552,7 @@ def main(argv: list[str], prog: str = "inference_server.py") -> int:
     except Refusal as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if knobs.get("low_acceptance") and isinstance(engine, VLLM):
-        engine.accept_share = LOW_ACCEPT_SHARE
+    knobs = apply_knobs(engine, knobs)
     if knobs.get("die_at_start"):
         print("error: engine died during start (knob die_at_start)", file=sys.stderr)
         return 1

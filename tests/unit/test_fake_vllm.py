@@ -131,3 +131,67 @@ def test_die_at_start_exits_1(tmp_path, target, monkeypatch, capsys):
     monkeypatch.setattr(fake, "KNOBS_FILE", knobs)
     assert fake.main(["serve", str(target)], "/opt/lab-fakes/vllm") == 1
     assert "engine died during start (knob die_at_start)" in capsys.readouterr().err
+
+
+# The unit's scheduler limits (service_swap renders them): room for a budget of 64.
+SCHEDULER = ("--max-num-seqs", "32", "--max-num-batched-tokens", "16384")
+
+
+def test_method_names_match_the_tune_candidates(target, drafter):
+    assert engine(target).method_name() == ""
+    chain = engine(
+        target, *SCHEDULER, "--speculative-config", spec(method="dflash", model=str(drafter), num_speculative_tokens=15)
+    )
+    assert chain.method_name() == "dflash"
+    tree = spec(method="ddtree", model=str(drafter), num_speculative_tokens=15, ddtree_budget=32)
+    assert engine(target, *SCHEDULER, "--speculative-config", tree).method_name() == "ddtree-32"
+    depth = spec(method="ddtree", model=str(drafter), num_speculative_tokens=15)
+    assert engine(target, *SCHEDULER, "--speculative-config", depth).method_name() == "ddtree-15"
+
+
+def test_speed_knobs_per_method(target, drafter):
+    knobs = {
+        "step_cost": 2.0,
+        "methods": {"ddtree-32": {"accept_share": 0.6, "step_cost": 1.25}, "ddtree-64": {"die_at_start": True}},
+    }
+    tree = engine(
+        target,
+        *SCHEDULER,
+        "--speculative-config",
+        spec(method="ddtree", model=str(drafter), num_speculative_tokens=15, ddtree_budget=32),
+    )
+    assert fake.apply_knobs(tree, knobs) == {"step_cost": 1.25, "accept_share": 0.6}
+    assert tree.step_s == pytest.approx(0.0116 * 1.25)
+    assert tree.tokens_per_step() == pytest.approx(1 + 0.6 * 15)
+    chain = engine(
+        target, *SCHEDULER, "--speculative-config", spec(method="dflash", model=str(drafter), num_speculative_tokens=15)
+    )
+    assert fake.apply_knobs(chain, knobs) == {"step_cost": 2.0}
+    assert chain.step_s == pytest.approx(0.0116 * 2.0)
+    assert chain.tokens_per_step() == pytest.approx(1 + 0.35 * 15)
+    big = engine(
+        target,
+        *SCHEDULER,
+        "--speculative-config",
+        spec(method="ddtree", model=str(drafter), num_speculative_tokens=15, ddtree_budget=64),
+    )
+    assert fake.apply_knobs(big, knobs)["die_at_start"] is True
+
+
+def test_accept_share_moves_the_acceptance_counters(target, drafter):
+    e = engine(
+        target, *SCHEDULER, "--speculative-config", spec(method="dflash", model=str(drafter), num_speculative_tokens=15)
+    )
+    fake.apply_knobs(e, {"methods": {"dflash": {"accept_share": 0.2}}})
+    e.on_completion(400)
+    # 1 + accepted / drafts: each draft keeps 0.2 x 15 = 3 tokens plus the bonus token
+    assert 1 + e.counters["accepted"] / e.counters["drafts"] == pytest.approx(4.0, abs=0.05)
+
+
+def test_a_method_knob_can_make_one_budget_die(tmp_path, target, drafter, monkeypatch, capsys):
+    knobs = tmp_path / "knobs.json"
+    knobs.write_text(json.dumps({"vllm": {"methods": {"ddtree-64": {"die_at_start": True}}}}))
+    monkeypatch.setattr(fake, "KNOBS_FILE", knobs)
+    tree = spec(method="ddtree", model=str(drafter), num_speculative_tokens=15, ddtree_budget=64)
+    assert fake.main(["serve", str(target), *SCHEDULER, "--speculative-config", tree], "/opt/lab-fakes/vllm") == 1
+    assert "engine died during start (knob die_at_start)" in capsys.readouterr().err

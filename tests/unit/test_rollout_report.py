@@ -6,7 +6,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rollout_report import failure_message, note, outcome, reason, summary_rows, summary_table, unreached
+from rollout_report import (
+    failure_message,
+    note,
+    outcome,
+    reason,
+    summary_rows,
+    summary_table,
+    tune_rows,
+    tune_table,
+    unreached,
+)
 
 PLUGINS = Path(__file__).resolve().parents[2] / "plugins" / "callback"
 
@@ -255,3 +265,124 @@ def test_two_runs_in_the_same_second_keep_both_reports(tmp_path: Path) -> None:
     assert first.read_text() == '{"run": 1}\n'
     assert second.read_text() == '{"run": 2}\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, second.name])
+
+
+def _tuned(winner: str, reason: str, rows: list[dict]) -> dict:
+    return {
+        "outcome": "changed",
+        "errors": [{"task": "Benchmark it", "msg": "a rescued candidate failure"}],
+        "report": {
+            "service_swap": {"serving": "vllm", "mean_acceptance_length": 6.25, "tokens_per_second": 480.0},
+            "tune": {"winner": winner, "reason": reason, "concurrency": 1, "rows": rows},
+        },
+    }
+
+
+TUNED = {
+    "n1": _tuned(
+        "ddtree-32",
+        "ddtree-32 600.0 tok/s at concurrency 1 is x1.200 the chain's 500.0, at least the 5% margin",
+        [
+            {
+                "name": "dflash",
+                "method": "dflash",
+                "budget": None,
+                "status": "ok",
+                "tok_s": 500.0,
+                "acceptance": 6.25,
+                "vs_chain": 1.0,
+                "chosen": False,
+                "note": "",
+            },
+            {
+                "name": "ddtree-32",
+                "method": "ddtree",
+                "budget": 32,
+                "status": "ok",
+                "tok_s": 600.0,
+                "acceptance": 8.5,
+                "vs_chain": 1.2,
+                "chosen": True,
+                "note": "",
+            },
+            {
+                "name": "ddtree-64",
+                "method": "ddtree",
+                "budget": 64,
+                "status": "failed",
+                "tok_s": None,
+                "acceptance": None,
+                "vs_chain": None,
+                "chosen": False,
+                "note": "Gate 1, vLLM is healthy: vLLM did not become healthy",
+            },
+        ],
+    ),
+}
+
+
+def test_a_tuned_host_says_what_serves_and_why_not_a_rescued_candidate() -> None:
+    row = summary_rows(TUNED)[0]
+    assert row[3] == "vllm ddtree-32"
+    assert (
+        row[-1] == "tuned: ddtree-32 600.0 tok/s at concurrency 1 is x1.200 the chain's 500.0, at least the 5% margin"
+    )
+
+
+def test_the_tuning_table_has_every_candidate() -> None:
+    assert tune_table(tune_rows(TUNED), 1).splitlines() == [
+        "host  method  budget  tok/s (c=1)  acceptance  vs chain  note",
+        "n1    dflash  -       500.0        6.25        x1.000",
+        "n1    ddtree  32      600.0        8.50        x1.200    serves: ddtree-32 600.0 tok/s at concurrency 1 is x1.200 the"
+        " chain's 500.0, at least the 5% margin",
+        "n1    ddtree  64      -            -           -         failed, skipped: Gate 1, vLLM is healthy: vLLM did not become"
+        " healthy",
+    ]
+
+
+def test_no_tuning_no_rows() -> None:
+    assert tune_rows(HOSTS) == []
+
+
+def test_a_ddtree_budget_not_measured_says_why_in_the_table() -> None:
+    rows = [
+        {
+            "name": "dflash",
+            "method": "dflash",
+            "budget": None,
+            "status": "ok",
+            "tok_s": 500.0,
+            "acceptance": 6.25,
+            "vs_chain": 1.0,
+            "chosen": True,
+            "note": "",
+        },
+        {
+            "name": "ddtree-16",
+            "method": "ddtree",
+            "budget": 16,
+            "status": "skipped",
+            "tok_s": None,
+            "acceptance": None,
+            "vs_chain": None,
+            "chosen": False,
+            "note": "not measured: DDTree is not available on this node: the target has Mamba layers (mamba)",
+        },
+    ]
+    hosts = {"n2": _tuned("dflash", "the chain 500.0 tok/s at concurrency 1: no DDTree candidate was measured", rows)}
+    assert tune_table(tune_rows(hosts), 1).splitlines()[2] == (
+        "n2    ddtree  16      -            -           -         not measured: DDTree is not available on this node:"
+        " the target has Mamba layers (mamba)"
+    )
+
+
+def test_a_node_tune_yml_skipped_says_so_and_what_to_do() -> None:
+    hosts = {
+        "n3": {
+            "outcome": "ok",
+            "stats": {"changed": 0},
+            "report": {"tune": {"skipped": "serves sglang, not vLLM: run site.yml -l n3 first"}},
+        }
+    }
+    assert summary_rows(hosts)[0][-1] == "not tuned: serves sglang, not vLLM: run site.yml -l n3 first"
+    assert tune_rows(hosts) == []

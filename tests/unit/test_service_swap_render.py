@@ -139,6 +139,70 @@ def test_dflash_ignores_a_ddtree_budget_and_forced_prefix_caching(dirs):
     assert lines[10] == " --enable-prefix-caching"
 
 
+def test_the_tuned_winner_comes_before_ddtree_patchs_method_and_the_shared_budget(dirs):
+    # roles/tune's result (tune_result, from the node's record) is what a re-run renders.
+    winner = '{"tune_result": {"winner": "ddtree-32", "method": "ddtree", "budget": 32}}'
+    lines = render(
+        dirs, "hybrid", "-e", winner, "-e", "ddtree_patch_method=dflash", "-e", "shared_settings_ddtree_budget=15"
+    )
+    assert lines[9] == (
+        ' --speculative-config \'{"method":"ddtree","model":"/opt/models/drafter","num_speculative_tokens":15,'
+        '"ddtree_budget":32}\' \\'
+    )
+    chain = '{"tune_result": {"winner": "dflash", "method": "dflash", "budget": null}}'
+    lines = render(
+        dirs, "hybrid", "-e", chain, "-e", "ddtree_patch_method=ddtree", "-e", "shared_settings_ddtree_budget=32"
+    )
+    assert (
+        lines[9]
+        == ' --speculative-config \'{"method":"dflash","model":"/opt/models/drafter","num_speculative_tokens":15}\' \\'
+    )
+
+
+def test_a_tuning_without_a_winner_leaves_ddtree_patchs_method_and_the_shared_budget(dirs):
+    # Every candidate failed: nothing tuned serves, so a re-run renders what the inventory says.
+    none_won = '{"tune_result": {"winner": null, "method": null, "budget": null}}'
+    lines = render(
+        dirs, "hybrid", "-e", none_won, "-e", "ddtree_patch_method=ddtree", "-e", "shared_settings_ddtree_budget=24"
+    )
+    assert lines[9] == (
+        ' --speculative-config \'{"method":"ddtree","model":"/opt/models/drafter","num_speculative_tokens":15,'
+        '"ddtree_budget":24}\' \\'
+    )
+
+
+def test_a_candidate_s_method_and_budget_come_before_the_recorded_winner(dirs):
+    # roles/tune starts each candidate with include_role vars while tune_result (a fact) holds the
+    # winner recorded before: the candidate's own method and budget must be what is rendered.
+    play = dirs["tmp"] / "candidate.yml"
+    dest = dirs["tmp"] / "candidate.service"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.set_fact:\n"
+        "        tune_result: {winner: ddtree-32, method: ddtree, budget: 32}\n"
+        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: render.yml}\n"
+        "      vars:\n"
+        f"        service_swap_render_dest: {dest}\n"
+        "        service_swap_spec_method: ddtree\n"
+        "        _service_swap_ddtree_budget: 48\n"
+    )
+    res = ansible(
+        dirs["tmp"],
+        str(play),
+        "-e",
+        "service_swap_vllm_executable=/opt/vllm/0.20.1/bin/vllm",
+        "-e",
+        f"shared_settings_target_dir={dirs['hybrid']}",
+        "-e",
+        "shared_settings_drafter_dir=/opt/models/drafter",
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (
+        '--speculative-config \'{"method":"ddtree","model":"/opt/models/drafter","num_speculative_tokens":15,'
+        '"ddtree_budget":48}\'' in dest.read_text()
+    )
+
+
 def test_systemd_specifiers_and_spaces_are_escaped(dirs):
     lines = render(dirs, "dense", "-e", '{"service_swap_served_model_name": "Qwen 100% $HOME"}')
     assert lines[3] == " --served-model-name 'Qwen 100%% $$HOME' \\"

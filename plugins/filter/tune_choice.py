@@ -1,0 +1,303 @@
+"""The tune role's decision: which measured speculative method a node serves (roles/tune).
+
+Every candidate is the DFlash chain (``{"method": "dflash"}``) or a DDTree budget
+(``{"method": "ddtree", "budget": 32}``), started behind service_swap's gates and benchmarked with
+the bench prompt set. The rules, in one place:
+
+- only a candidate that passed every gate and was measured can win (a failed one is never served);
+- DDTree wins only when its output tokens/s at the chosen concurrency is at least the chain's times
+  ``1 + margin``; otherwise the chain serves, so a node is never left slower than its chain;
+- without a measured chain (it failed its gates), the fastest candidate that passed serves, and the
+  reason says it was not compared with a chain;
+- nothing passed: no winner (the swap has already put SGLang back).
+
+``tune_inputs_digest`` names what a measurement depends on, so a node whose inputs did not change is
+not measured again. ``tune_read_prompts``, ``tune_ddtree_unavailable``, ``tune_plan`` and
+``tune_swap_serving`` turn what the role read (the prompt file, the node's change-set record and
+target config, service_swap's local fact) into values or one sentence saying what is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+CHAIN = "dflash"
+TREE = "ddtree"
+CANDIDATE_KEYS = {"method", "budget"}
+
+
+def tune_candidate_name(candidate: Mapping[str, Any]) -> str:
+    """'dflash' for the chain, 'ddtree-<budget>' for a DDTree budget."""
+    if candidate.get("method") == TREE:
+        return f"{TREE}-{candidate.get('budget')}"
+    return str(candidate.get("method"))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def tune_candidate_problems(candidates: Any, num_speculative_tokens: int) -> list[str]:
+    """One sentence per thing wrong with ``tune_candidates``; [] when they can be measured."""
+    if not isinstance(candidates, Sequence) or isinstance(candidates, (str, bytes)) or not candidates:
+        return [
+            "tune_candidates must be a non-empty list such as [{method: dflash}, {method: ddtree, budget: 32}], "
+            f"not {str(candidates)[:60]!r}"
+        ]
+    problems: list[str] = []
+    names: list[str] = []
+    for i, c in enumerate(candidates):
+        where = f"tune_candidates[{i}]"
+        if not isinstance(c, Mapping):
+            problems.append(f"{where} is {str(c)[:60]!r}; each candidate is a mapping with a method (and a budget)")
+            continue
+        unknown = sorted(set(map(str, c)) - CANDIDATE_KEYS)
+        if unknown:
+            problems.append(f"{where} has unknown key(s) {', '.join(unknown)}; only method and budget are read")
+        method = c.get("method")
+        if method == CHAIN:
+            if "budget" in c:
+                problems.append(f"{where} is the DFlash chain, which has no budget: remove its budget")
+        elif method == TREE:
+            budget = c.get("budget")
+            if not _is_int(budget):
+                problems.append(f"{where} is a DDTree candidate without an integer budget (got {budget!r})")
+            elif budget < int(num_speculative_tokens):
+                problems.append(
+                    f"{where} has budget {budget}, below shared_settings_num_speculative_tokens "
+                    f"({num_speculative_tokens}): a DDTree budget is at least the tree's depth"
+                )
+        else:
+            problems.append(f"{where} has method {method!r}; it must be dflash or ddtree")
+        names.append(tune_candidate_name(c))
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        problems.append(f"tune_candidates lists {', '.join(twice)} more than once")
+    if names.count(CHAIN) == 0:
+        problems.append(
+            "tune_candidates has no {method: dflash}: the chain is the yardstick (DDTree serves only when it "
+            "beats it), so it must be measured; add it"
+        )
+    return problems
+
+
+def _level(levels: Any, concurrency: int) -> Mapping[str, Any]:
+    for lv in levels if isinstance(levels, Sequence) else []:
+        if isinstance(lv, Mapping) and lv.get("concurrency") == concurrency:
+            return lv
+    return {}
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def tune_choose(results: Sequence[Mapping[str, Any]], margin: float, concurrency: int) -> dict[str, Any]:
+    """The winner among measured candidates, why, and one row per candidate for the report.
+
+    ``results``: per candidate ``{"method", "budget", "status": "ok" | "failed", "reason", "levels"}``
+    where ``levels`` is openai_bench's list (``concurrency``, ``throughput_tok_s``,
+    ``mean_acceptance_length``). Returns ``{"winner": name | None, "method", "budget", "reason",
+    "rows"}``; each row has ``name, method, budget, status, tok_s, acceptance, vs_chain, chosen, note``.
+    """
+    margin = float(margin)
+    concurrency = int(concurrency)
+    rows: list[dict[str, Any]] = []
+    for r in results:
+        lv = _level(r.get("levels"), concurrency)
+        tok_s = _num(lv.get("throughput_tok_s"))
+        ok = r.get("status") == "ok" and tok_s is not None
+        note = "" if ok else str(r.get("reason") or f"no figures at concurrency {concurrency}")
+        status = "ok" if ok else ("skipped" if r.get("status") == "skipped" else "failed")
+        rows.append(
+            {
+                "name": tune_candidate_name(r),
+                "method": r.get("method"),
+                "budget": r.get("budget") if r.get("method") == TREE else None,
+                "status": status,
+                "tok_s": tok_s if ok else None,
+                "acceptance": _num(lv.get("mean_acceptance_length")) if ok else None,
+                "vs_chain": None,
+                "chosen": False,
+                "note": note,
+            }
+        )
+    passed = [row for row in rows if row["status"] == "ok"]
+    chain = next((row for row in passed if row["method"] == CHAIN), None)
+    if chain is not None and chain["tok_s"]:
+        for row in passed:
+            row["vs_chain"] = round(row["tok_s"] / chain["tok_s"], 3)
+
+    def fastest(rows_: list[dict[str, Any]]) -> dict[str, Any] | None:
+        # The higher tok/s; on a tie the smaller budget (less memory), the chain first.
+        return min(rows_, key=lambda row: (-row["tok_s"], row["budget"] or 0), default=None)
+
+    at = f"at concurrency {concurrency}"
+    if not passed:
+        failed = "; ".join(f"{row['name']}: {row['note']}" for row in rows)
+        lead = "no candidate passed" if any(row["status"] == "skipped" for row in rows) else "every candidate failed"
+        winner, reason = None, f"{lead}, so none serves ({failed})"
+    elif chain is None:
+        winner = fastest(passed)
+        reason = (
+            f"the DFlash chain failed its gates ({next(r['note'] for r in rows if r['method'] == CHAIN)}), so "
+            f"{winner['name']} serves as the fastest candidate that passed ({winner['tok_s']:.1f} tok/s {at}), "
+            "not compared with a chain"
+        )
+    else:
+        tree = fastest([row for row in passed if row["method"] == TREE])
+        need = chain["tok_s"] * (1 + margin)
+        if tree is not None and tree["tok_s"] >= need:
+            winner = tree
+            reason = (
+                f"{tree['name']} {tree['tok_s']:.1f} tok/s {at} is x{tree['vs_chain']:.3f} the chain's "
+                f"{chain['tok_s']:.1f}, at least the {margin:.0%} margin"
+            )
+        elif tree is not None:
+            winner = chain
+            reason = (
+                f"the chain {chain['tok_s']:.1f} tok/s {at}: the fastest DDTree, {tree['name']} at "
+                f"{tree['tok_s']:.1f} (x{tree['vs_chain']:.3f}), does not beat it by the {margin:.0%} margin"
+            )
+        else:
+            winner = chain
+            trees = [row for row in rows if row["method"] == TREE]
+            skipped = [row for row in trees if row["status"] == "skipped"]
+            if not trees:
+                why = "tune_candidates lists no DDTree budget"
+            elif len(skipped) == len(trees):
+                why = f"no DDTree candidate was measured ({skipped[0]['note']})"
+            else:
+                why = "no DDTree candidate passed its gates"
+            reason = f"the chain {chain['tok_s']:.1f} tok/s {at}: {why}"
+    if winner is not None:
+        winner["chosen"] = True
+    return {
+        "winner": winner["name"] if winner else None,
+        "method": winner["method"] if winner else None,
+        "budget": winner["budget"] if winner else None,
+        "reason": reason,
+        "concurrency": concurrency,
+        "margin": margin,
+        "rows": rows,
+    }
+
+
+def tune_inputs_digest(inputs: Mapping[str, Any]) -> str:
+    """SHA-256 of the inputs a measurement depends on, independent of key order."""
+    text = json.dumps(inputs, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def tune_read_prompts(text: Any, path: str) -> dict[str, Any]:
+    """The prompt set from the file's text: ``{"prompts": [...], "problem": ""}``, or no prompts and one
+    sentence naming the file and what is wrong (missing or empty, not JSON, not a list of strings)."""
+    fix = "point tune_prompts_file at a JSON list of prompt strings such as playbooks/files/bench_prompts.json"
+    if not isinstance(text, str) or not text.strip():
+        return {"prompts": [], "problem": f"tune_prompts_file {path} is missing or empty on the controller: {fix}"}
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        return {"prompts": [], "problem": f"tune_prompts_file {path} is not JSON ({e}): {fix}"}
+    if not isinstance(data, list) or not data:
+        kind = type(data).__name__ if not isinstance(data, list) else "an empty list"
+        return {"prompts": [], "problem": f"tune_prompts_file {path} holds {kind}, not a list of prompts: {fix}"}
+    bad = [i for i, p in enumerate(data) if not isinstance(p, str) or not p.strip()]
+    if bad:
+        return {
+            "prompts": [],
+            "problem": f"tune_prompts_file {path} has entries that are not non-empty strings "
+            f"(index {', '.join(map(str, bad[:5]))}): {fix}",
+        }
+    return {"prompts": data, "problem": ""}
+
+
+def tune_ddtree_unavailable(
+    patch_fallback_reason: Any, changeset_present: bool, venv: str, target_fallback_reason: Any
+) -> str:
+    """'' when DDTree candidates can run on the node; else why not, in a sentence.
+
+    ``patch_fallback_reason``: ddtree_patch_fallback_reason where ddtree_patch ran in the play (None
+    otherwise); ``target_fallback_reason``: ddtree_fallback_reason of the target's config.json (the
+    same rule, for playbooks/tune.yml alone). Without the change set's record (vllm-changeset.json)
+    the venv has no DDTree at all.
+    """
+    if isinstance(patch_fallback_reason, str) and patch_fallback_reason.strip():
+        return patch_fallback_reason.strip()
+    if not changeset_present:
+        return (
+            f"the DDTree change set is not applied to {venv} (no vllm-changeset.json): run site.yml "
+            "(ddtree_patch with ddtree_patch_state present) to measure DDTree budgets"
+        )
+    return target_fallback_reason.strip() if isinstance(target_fallback_reason, str) else ""
+
+
+def tune_plan(candidates: Sequence[Mapping[str, Any]], ddtree_unavailable: str) -> dict[str, Any]:
+    """Which candidates to start (``measure``) and the records of those not measured (``skipped``):
+    every DDTree candidate when DDTree cannot run on the node, with the reason."""
+    if not ddtree_unavailable:
+        return {"measure": list(candidates), "skipped": []}
+    measure = [c for c in candidates if c.get("method") != TREE]
+    skipped = [
+        {
+            "method": TREE,
+            "budget": c.get("budget"),
+            "status": "skipped",
+            "reason": f"not measured: DDTree is not available on this node: {ddtree_unavailable}",
+        }
+        for c in candidates
+        if c.get("method") == TREE
+    ]
+    return {"measure": measure, "skipped": skipped}
+
+
+def tune_swap_serving(fact_text: Any) -> str:
+    """What service_swap's local fact says serves ('vllm', 'sglang', 'none'); '' when absent or unreadable."""
+    try:
+        data = json.loads(fact_text) if isinstance(fact_text, str) else None
+    except ValueError:
+        return ""
+    serving = data.get("serving") if isinstance(data, Mapping) else None
+    return serving if isinstance(serving, str) else ""
+
+
+def tune_read_record(fact_text: Any) -> dict[str, Any]:
+    """The node's recorded tuning (tune.fact): inputs_digest, inputs and results; {} when absent or unreadable
+    (then the node is measured again, as if never tuned)."""
+    try:
+        data = json.loads(fact_text) if isinstance(fact_text, str) else None
+    except ValueError:
+        return {}
+    if not isinstance(data, Mapping) or not isinstance(data.get("inputs_digest"), str):
+        return {}
+    results = data.get("results")
+    if not isinstance(results, list) or not all(isinstance(r, Mapping) for r in results):
+        return {}
+    return dict(data)
+
+
+def tune_order_results(results: Sequence[Mapping[str, Any]], candidates: Sequence[Mapping[str, Any]]) -> list:
+    """The results in tune_candidates' order (measured and skipped ones are recorded apart)."""
+    order = [tune_candidate_name(c) for c in candidates]
+    return sorted(
+        results, key=lambda r: order.index(tune_candidate_name(r)) if tune_candidate_name(r) in order else len(order)
+    )
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {
+            "tune_candidate_name": tune_candidate_name,
+            "tune_candidate_problems": tune_candidate_problems,
+            "tune_choose": tune_choose,
+            "tune_inputs_digest": tune_inputs_digest,
+            "tune_read_prompts": tune_read_prompts,
+            "tune_ddtree_unavailable": tune_ddtree_unavailable,
+            "tune_plan": tune_plan,
+            "tune_swap_serving": tune_swap_serving,
+            "tune_order_results": tune_order_results,
+            "tune_read_record": tune_read_record,
+        }
