@@ -46,8 +46,18 @@ use_repo_module_utils()
 DEPTH = 15  # block size 16
 # name -> DDTree budget (None: the target alone, 0: the DFlash chain). chain_sync is the chain with
 # synchronous scheduling, as DDTree runs: it splits the scheduling part of the gap from the rest.
-METHODS = {"target": None, "chain": 0, "chain_sync": 0, "ddtree16": 16, "ddtree32": 32, "ddtree64": 64}
+# target_tree is the target alone on TREE_ATTN, the backend DDTree verifies with.
+METHODS = {
+    "target": None,
+    "target_tree": None,
+    "chain": 0,
+    "chain_sync": 0,
+    "ddtree16": 16,
+    "ddtree32": 32,
+    "ddtree64": 64,
+}
 SYNC = {"chain_sync"}
+TREE_BACKEND = {"target_tree"}
 BATCHES = (1, 8)
 CONTEXTS = (512, 8192)
 START_S = {"8b": 80, "27b": 215}  # start-up with compilation, measured on an H200 (docs/benchmarks.md)
@@ -216,8 +226,12 @@ def _drafts(llm) -> float:
     return 0.0
 
 
-def run_case(shape: str, method: str, root: Path, tokens: int) -> list[dict[str, Any]]:
-    """One vLLM process: every (batch, context) pair of one (shape, method)."""
+PROFILE_TOKENS = 24  # decode steps of the profiled pass (context 512, batch 1)
+
+
+def run_case(shape: str, method: str, root: Path, tokens: int, profile: Path | None = None) -> list[dict[str, Any]]:
+    """One vLLM process: every (batch, context) pair of one (shape, method); with ``profile``, then a
+    torch-profiled decode at context 512, batch 1, summarised into ``profile`` (step_profile.py)."""
     import random
 
     from vllm import LLM, SamplingParams
@@ -242,6 +256,17 @@ def run_case(shape: str, method: str, root: Path, tokens: int) -> list[dict[str,
     kw["compilation_config"] = {"max_cudagraph_capture_size": graph_tokens(budget, max(BATCHES))}
     if method in SYNC:
         kw["async_scheduling"] = False
+    if method in TREE_BACKEND:
+        kw["attention_backend"] = "TREE_ATTN"
+    if profile is not None:
+        # The scopes step_profile.py splits a step by; read when vLLM starts.
+        os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
+        kw["profiler_config"] = {
+            "profiler": "torch",
+            "torch_profiler_dir": str(profile / f"{shape}_{method}"),
+            "torch_profiler_with_stack": False,
+            "torch_profiler_dump_cuda_time_total": False,
+        }
     if budget is not None:
         spec: dict[str, Any] = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": DEPTH}
         if budget:
@@ -279,6 +304,21 @@ def run_case(shape: str, method: str, root: Path, tokens: int) -> list[dict[str,
                     "start_s": round(start_s, 1),
                 }
             )
+    if profile is not None:
+        import step_profile
+
+        prompt = [TokensPrompt(prompt_token_ids=[rng.randrange(vocab // 2) for _ in range(min(CONTEXTS))])]
+        params = SamplingParams(temperature=0, max_tokens=PROFILE_TOKENS, ignore_eos=True, detokenize=False)
+        llm.generate(prompt, params)
+        try:  # the measured rows above stand whatever the profiler does
+            llm.start_profile()
+            llm.generate(prompt, params)
+            llm.stop_profile()
+            trace = step_profile.newest_trace(profile / f"{shape}_{method}")
+            summary = step_profile.summarize(step_profile.load_trace(trace))
+        except (OSError, RuntimeError, ValueError) as e:
+            summary = {"error": f"{type(e).__name__}: {e}"}
+        (profile / f"{shape}_{method}_profile.json").write_text(json.dumps(summary, indent=1))
     return out
 
 
@@ -293,11 +333,13 @@ def main() -> int:
     s.add_argument("--out", required=True, type=Path)
     s.add_argument("--tokens", type=int, default=128)
     s.add_argument("--case-timeout", type=int, default=200, help="seconds one case may take, start-up included")
+    s.add_argument("--profile", action="store_true", help="also profile each case (scopes on for every step)")
     s = sub.add_parser("case")
     s.add_argument("shape")
     s.add_argument("method")
     s.add_argument("--out", required=True, type=Path)
     s.add_argument("--tokens", type=int, default=128)
+    s.add_argument("--profile", type=Path, help="folder for the profiled pass's trace and summary")
     s = sub.add_parser("table")
     s.add_argument("dir", type=Path)
     a = ap.parse_args()
@@ -314,7 +356,7 @@ def main() -> int:
         return 0
     if a.cmd == "case":
         a.out.mkdir(parents=True, exist_ok=True)
-        rows = run_case(a.shape, a.method, a.out / "models", a.tokens)
+        rows = run_case(a.shape, a.method, a.out / "models", a.tokens, a.profile)
         (a.out / f"{a.shape}_{a.method}.json").write_text(json.dumps(rows, indent=1))
         return 0
     if a.cmd == "run":
@@ -323,6 +365,8 @@ def main() -> int:
             for method in methods:
                 log = a.out / f"{shape}_{method}.log"
                 cmd = [sys.executable, __file__, "case", shape, method, "--out", str(a.out), "--tokens", str(a.tokens)]
+                if a.profile:
+                    cmd += ["--profile", str(a.out / "profile")]
                 # A case that hangs (a budget too large for the step) must not eat the call's other cases.
                 with log.open("w") as f:
                     try:

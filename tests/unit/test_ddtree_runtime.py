@@ -236,3 +236,46 @@ def test_mrope_rows_get_the_depth_positions_and_parent_rows_are_published(dd):
     slots = torch.arange(13)
     step.rt.compact([(slots, [torch.zeros(2, 4, 4, 1, 2)])], [], step.positions, mrope_positions=mrope)
     assert torch.equal(mrope, before)
+
+
+def _step_with_path(dd, accepted: list[list[int]], query_start: list[int]):
+    """A step whose walk accepted the given node paths (-1 padded), for compact() alone."""
+    r, n = len(accepted), 4
+    z = torch.zeros(r, n, dtype=torch.int64)
+    return dd._StepTrees(
+        num_reqs=r,
+        has_drafts=torch.ones(r, dtype=torch.bool),
+        has_tree=torch.ones(r, dtype=torch.bool),
+        num_drafts=torch.full((r,), n),
+        query_start=torch.tensor(query_start),
+        parent=z,
+        depth=z,
+        ancestor_mask=torch.zeros(r, n + 1, n + 1, dtype=torch.bool),
+        seq_positions=torch.arange(5 * r),
+        accepted_nodes=torch.tensor(accepted),
+        num_accepted=(torch.tensor(accepted) >= 0).sum(1),
+    )
+
+
+def test_a_moved_node_may_land_on_the_row_another_moved_node_leaves(dd):
+    rt = dd.DDTreeRuntime(budget=4, depth=3, device=torch.device("cpu"), max_num_reqs=2, max_num_tokens=10)
+    # Request 0 accepted nodes 1 then 2 (rows 2, 3 -> 1, 2: row 2 is read before it is written);
+    # request 1 accepted nothing.
+    rt._step = _step_with_path(dd, [[1, 2, -1], [-1, -1, -1]], [0, 5])
+    slots = torch.arange(10)
+    cache = torch.arange(10, dtype=torch.float32).view(1, 10, 1, 1, 1).repeat(2, 1, 1, 1, 1)
+    hidden = torch.arange(10, dtype=torch.float32)
+    rt.compact([(slots, [cache.view(2, 10, 1, 1, 1)])], [hidden], torch.zeros(10, dtype=torch.int64))
+    assert hidden.tolist() == [0, 2, 3, 3, 4, 5, 6, 7, 8, 9]
+    assert cache[1, :, 0, 0, 0].tolist() == [0, 2, 3, 3, 4, 5, 6, 7, 8, 9]
+
+
+def test_compaction_that_moves_nothing_leaves_every_row_as_it_was(dd):
+    rt = dd.DDTreeRuntime(budget=4, depth=3, device=torch.device("cpu"), max_num_reqs=2, max_num_tokens=10)
+    rt._step = _step_with_path(dd, [[0, 1, 2], [-1, -1, -1]], [0, 5])  # a path already in place
+    cache = torch.randn(2, 5, 2, 1, 3)
+    before = cache.clone()
+    hidden = torch.randn(10, 4)
+    kept = hidden.clone()
+    rt.compact([(torch.arange(10), [cache])], [hidden], torch.zeros(10, dtype=torch.int64))
+    assert torch.equal(cache, before) and torch.equal(hidden, kept)

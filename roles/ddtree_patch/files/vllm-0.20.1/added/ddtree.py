@@ -404,24 +404,40 @@ class DDTreeRuntime:
             mrope_positions[:, : step.seq_mrope_positions.shape[1]] = step.seq_mrope_positions
         if recurrent:
             self._commit_recurrent(step, recurrent)
+        src, dst = self._moves(step)
+        for slot_mapping, kv_caches in kv_groups:
+            src_slots = slot_mapping[src].to(torch.int64)
+            dst_slots = slot_mapping[dst].to(torch.int64)
+            if not kv_caches:
+                continue
+            block = kv_caches[0].shape[2]
+            src_at = (src_slots // block, src_slots % block)
+            dst_at = (dst_slots // block, dst_slots % block)
+            for cache in kv_caches:
+                cache[:, dst_at[0], dst_at[1]] = cache[:, src_at[0], src_at[1]]
+        for t in row_tensors:
+            t[dst] = t[src]
+
+    @staticmethod
+    def _moves(step: _StepTrees) -> tuple[torch.Tensor, torch.Tensor]:
+        """Source and destination rows ``[R * D]`` of the accepted path's moves.
+
+        The shape is fixed (no host read of how many nodes moved, so the host
+        never waits for the target's forward here and queues the drafter
+        behind it). An entry that does not move copies its request's root row
+        onto itself: no move ever writes a root row, so these no-op copies
+        cannot collide with a real move, and every read happens before any
+        write (an accepted node's row can be another node's destination).
+        """
         acc = step.accepted_nodes  # [R, D] node indices, -1 padded
+        assert acc is not None
         d = acc.shape[1]
         depth_rows = torch.arange(1, d + 1, device=acc.device).view(1, -1)
         qs = step.query_start.view(-1, 1)
         move = (acc >= 0) & (acc + 1 != depth_rows)
-        src = (qs + acc + 1)[move]
-        dst = (qs + depth_rows).expand_as(acc)[move]
-        if src.numel() == 0:
-            return
-        for slot_mapping, kv_caches in kv_groups:
-            src_slots = slot_mapping[src].to(torch.int64)
-            dst_slots = slot_mapping[dst].to(torch.int64)
-            for cache in kv_caches:
-                block = cache.shape[2]
-                moved = cache[:, src_slots // block, src_slots % block]
-                cache[:, dst_slots // block, dst_slots % block] = moved
-        for t in row_tensors:
-            t[dst] = t[src]
+        src = torch.where(move, qs + acc + 1, qs).view(-1)
+        dst = torch.where(move, qs + depth_rows, qs).view(-1)
+        return src, dst
 
     # ------------------------------------------------------------------
     # Hybrid targets: commit the accepted path's recurrent state
