@@ -545,7 +545,10 @@ def cmd_gen(a: argparse.Namespace) -> int:
     )
     with open(a.result, "w") as f:
         json.dump(res, f, default=str)
-    print("RESULT", json.dumps({k: v for k, v in res.items() if "batch" not in k or "tok" in k or "mean" in k}))
+    print(
+        "RESULT",
+        json.dumps({k: v for k, v in res.items() if "batch" not in k or "tok" in k or "mean" in k}, default=str),
+    )
     return 0
 
 
