@@ -50,6 +50,7 @@ class Sampling:
     max_num_logprobs: int | None = None
     no_penalties: bool = True
     bad_words_token_ids: dict = field(default_factory=dict)
+    allowed_token_ids_mask: torch.Tensor | None = None
 
 
 def one_hot_rows(tokens: list[int], vocab: int = 8) -> torch.Tensor:
@@ -279,3 +280,71 @@ def test_compaction_that_moves_nothing_leaves_every_row_as_it_was(dd):
     kept = hidden.clone()
     rt.compact([(torch.arange(10), [cache])], [hidden], torch.zeros(10, dtype=torch.int64))
     assert torch.equal(cache, before) and torch.equal(hidden, kept)
+
+
+def test_allowed_token_ids_limit_the_targets_choice_at_every_row(dd):
+    step = Step(dd)
+    step.prepare()
+    choices = [*[1, 0, 0, 3, 5], 6, *[0, 2, 0, 0, 0]]  # b, c, a: b's path is 1 -> 3 -> bonus 5
+    logits = one_hot_rows(choices)
+    logits[:, 2] = 5.0  # token 2 is every row's second best
+    mask = torch.zeros(3, 8, dtype=torch.bool)
+    mask[0, 3] = True  # b may not produce 3: its path stops after 1, whose row now picks 2
+    out = step.rt.sample(logits, step.input_ids, step.num_draft, Sampling(allowed_token_ids_mask=mask))
+    assert out.sampled_token_ids.tolist()[0] == [1, 2, -1, -1, -1]
+    assert out.sampled_token_ids.tolist()[1:] == [[6, -1, -1, -1, -1], [0, 2, -1, -1, -1]]
+
+
+def test_rows_are_chosen_in_chunks_with_the_same_result(dd, monkeypatch):
+    torch.manual_seed(1)
+    rt = dd.DDTreeRuntime(budget=4, depth=2, device=torch.device("cpu"), max_num_reqs=4, max_num_tokens=16)
+    logits = torch.randn(13, 50)
+    row_req = torch.tensor([0] * 5 + [1] * 3 + [2] * 5)
+    whole = rt._target_choices(logits, row_req, Sampling())
+    monkeypatch.setattr(dd, "_CHOICE_ROWS", 4)
+    assert torch.equal(rt._target_choices(logits, row_req, Sampling()), whole)
+    assert torch.equal(whole, logits.argmax(-1))
+
+
+@dataclass
+class Params:
+    """The SamplingParams fields unsupported_request reads, at vLLM's defaults."""
+
+    logprobs: int | None = None
+    structured_outputs: object = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    bad_words: list = field(default_factory=list)
+    min_tokens: int = 0
+    seed: int | None = None
+    temperature: float = 1.0
+    min_p: float = 0.0
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"logprobs": 0}, "logprobs (tree steps return none)"),
+        ({"structured_outputs": object()}, "structured outputs"),
+        ({"presence_penalty": 0.5}, "presence, frequency or repetition penalties"),
+        ({"frequency_penalty": -0.2}, "presence, frequency or repetition penalties"),
+        ({"repetition_penalty": 1.1}, "presence, frequency or repetition penalties"),
+        ({"bad_words": ["x"]}, "bad_words"),
+        ({"min_tokens": 3}, "min_tokens"),
+        ({"seed": 7}, "a per-request seed when sampling"),
+    ],
+)
+def test_requests_trees_cannot_serve_as_the_target_would_are_refused_with_the_reason(dd, change, named):
+    reason = dd.unsupported_request(Params(**change))
+    assert reason.startswith("DDTree tree verification (speculative method 'ddtree') cannot honour ")
+    assert named in reason
+    assert reason.endswith("Send the request without them, or serve this model with method 'dflash'.")
+
+
+def test_plain_requests_and_greedy_seeded_ones_are_served(dd):
+    assert dd.unsupported_request(Params()) is None
+    assert dd.unsupported_request(Params(seed=7, temperature=0.0)) is None  # greedy: the seed changes nothing
+    assert dd.unsupported_request(Params(temperature=0.8, min_p=0.1)) is None  # vLLM refuses min_p itself
+    both = dd.unsupported_request(Params(logprobs=1, min_tokens=2))
+    assert "logprobs (tree steps return none); min_tokens." in both

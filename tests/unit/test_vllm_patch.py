@@ -35,6 +35,7 @@ PRISTINE_SHA256 = {
 TOUCHED = [
     "vllm/config/speculative.py",
     "vllm/config/vllm.py",
+    "vllm/sampling_params.py",
     "vllm/model_executor/models/qwen3_dflash.py",
     "vllm/v1/attention/backends/tree_attn.py",
     "vllm/v1/attention/ops/triton_unified_attention.py",
@@ -306,7 +307,7 @@ def test_module_check_mode_then_apply_then_idempotent_then_absent(venv, capsys, 
     checked = run_module(args, capsys, check=True, diff=True)
     assert checked["changed"] is True
     assert sorted(checked["changed_files"]) == sorted(TOUCHED + ADDED)
-    assert len(checked["diff"]) == 14
+    assert len(checked["diff"]) == 15
     assert snapshot(site) == before
     assert not (venv / "vllm-changeset.json").exists()
 
@@ -373,7 +374,7 @@ def test_inline_check_apply_idempotent_absent(venv, capsys, pristine_files):
 
     checked = run_module(every, capsys, check=True, diff=True)
     assert checked["changed"] is True
-    assert len(checked["diff"]) == 14
+    assert len(checked["diff"]) == 15
     assert snapshot(site) == before
 
     applied = run_module(every, capsys)
@@ -509,7 +510,7 @@ def test_action_plugin_sends_files_only_when_something_changes(venv, tmp_path, p
     assert got["again"]["sources_sent"] == []
     assert got["dry"]["changed"] is True
     assert got["dry"]["check_mode"] is True
-    assert len(got["dry"]["diff"]) == 14
+    assert len(got["dry"]["diff"]) == 15
     assert got["absent"]["changed"] is True
     assert sorted(got["absent"]["sources_sent"]) == DIFFS
     assert got["refused"]["failed"] is True
@@ -767,7 +768,7 @@ def test_a_site_packages_write_never_follows_a_planted_temp(venv, tmp_path, monk
     monkeypatch.setattr(os, "open", spy)
     cs.execute(cs.plan(changeset(), str(site_of(venv)), cs.PRESENT))
     monkeypatch.undo()
-    assert len(flags_seen) == 14
+    assert len(flags_seen) == 15
     assert all(f & os.O_EXCL and f & os.O_NOFOLLOW for f in flags_seen)
 
 

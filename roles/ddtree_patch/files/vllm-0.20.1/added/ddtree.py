@@ -36,8 +36,9 @@ same depth-based positions in all three position rows.
 Trees are kept per request id between steps, so requests may join, leave or
 be reordered. Requests with draft tokens but no stored tree (drafting was
 skipped near max_model_len) verify nothing and still get their bonus token.
-Not supported: logprobs of accepted tokens, penalties/bad words on tree
-tokens, per-request seeded generators (sampling uses the global RNG).
+Requests that ask for what trees cannot give as the target alone would
+(logprobs, structured outputs, penalties, bad words, min_tokens, a seed when
+sampling) are refused when they arrive, with the reason (``unsupported_request``).
 """
 
 from __future__ import annotations
@@ -53,12 +54,45 @@ from vllm.v1.spec_decode.ddtree_tree import DDTree, build_trees, walk_trees
 logger = init_logger(__name__)
 
 _SAMPLING_EPS = 1e-5
+_CHOICE_ROWS = 128  # target rows sampled at once (each needs a few vocab-sized float32 rows)
 
 # The runtime of this worker process. Its bias and parent buffers are
 # persistent (allocated once, written in place every step) so that a CUDA graph
 # captured over the target's forward replays with this step's trees: a graph
 # keeps the addresses it saw at capture, never a tensor made later.
 _RUNTIME: DDTreeRuntime | None = None
+
+
+def unsupported_request(params) -> str | None:
+    """Why DDTree cannot serve these sampling parameters as the target alone
+    would, or None. vLLM calls it when a request arrives (``SamplingParams``'
+    spec-decode check), so a client gets an error, never silently other output."""
+    missing = []
+    if params.logprobs is not None:
+        missing.append("logprobs (tree steps return none)")
+    if params.structured_outputs is not None:
+        missing.append(
+            "structured outputs (the grammar would advance along the tree's node list as if it were a chain)"
+        )
+    if (
+        abs(params.presence_penalty) > _SAMPLING_EPS
+        or abs(params.frequency_penalty) > _SAMPLING_EPS
+        or abs(params.repetition_penalty - 1.0) > _SAMPLING_EPS
+    ):
+        missing.append("presence, frequency or repetition penalties")
+    if params.bad_words:
+        missing.append("bad_words")
+    if params.min_tokens > 0:
+        missing.append("min_tokens")
+    if params.seed is not None and params.temperature > _SAMPLING_EPS:
+        missing.append("a per-request seed when sampling (tree nodes are sampled with the engine's generator)")
+    if not missing:
+        return None
+    return (
+        "DDTree tree verification (speculative method 'ddtree') cannot honour "
+        + "; ".join(missing)
+        + ". Send the request without them, or serve this model with method 'dflash'."
+    )
 
 
 def current_attn_bias() -> torch.Tensor | None:
@@ -289,7 +323,21 @@ class DDTreeRuntime:
     # Acceptance
     # ------------------------------------------------------------------
     def _target_choices(self, logits: torch.Tensor, row_req: torch.Tensor, sampling_metadata) -> torch.Tensor:
+        """The target's token at every row: argmax when greedy, else a sample of
+        its temperature/top-k/top-p distribution. Rows go in chunks so that the
+        float32 vocab-sized temporaries stay within what vLLM's memory profile
+        saw, whatever batch x budget is."""
+        out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+        for lo in range(0, logits.shape[0], _CHOICE_ROWS):
+            hi = min(lo + _CHOICE_ROWS, logits.shape[0])
+            out[lo:hi] = self._choices(logits[lo:hi], row_req[lo:hi], sampling_metadata)
+        return out
+
+    def _choices(self, logits: torch.Tensor, row_req: torch.Tensor, sampling_metadata) -> torch.Tensor:
         raw = logits.float()
+        if sampling_metadata.allowed_token_ids_mask is not None:
+            # True marks a token the request does not allow (as the chain's sampler reads it).
+            raw.masked_fill_(sampling_metadata.allowed_token_ids_mask[row_req], float("-inf"))
         greedy = raw.argmax(dim=-1)
         if sampling_metadata.all_greedy:
             return greedy
@@ -303,11 +351,6 @@ class DDTreeRuntime:
                 scaled,
                 top_k[row_req] if top_k is not None else None,
                 top_p[row_req] if top_p is not None else None,
-            )
-        if sampling_metadata.generators:
-            self._warn_once(
-                "seed",
-                "DDTree: per-request seeds are not honoured; tree nodes are sampled with the global generator.",
             )
         probs = torch.softmax(scaled, dim=-1)
         race = torch.empty_like(probs).exponential_()
@@ -324,13 +367,6 @@ class DDTreeRuntime:
         """Walk every request's tree; return accepted tokens + bonus, -1 padded."""
         step = self._step
         assert step is not None, "DDTree: sample() without prepare_step()"
-        if sampling_metadata.max_num_logprobs is not None:
-            self._warn_once("logprobs", "DDTree: logprobs are not returned.")
-        if not sampling_metadata.no_penalties or sampling_metadata.bad_words_token_ids:
-            self._warn_once(
-                "penalties",
-                "DDTree: penalties and bad words are not applied to tree tokens.",
-            )
         n = self.budget
         num_reqs = step.num_reqs
         device = logits.device
