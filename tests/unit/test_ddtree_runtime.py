@@ -348,3 +348,20 @@ def test_plain_requests_and_greedy_seeded_ones_are_served(dd):
     assert dd.unsupported_request(Params(temperature=0.8, min_p=0.1)) is None  # vLLM refuses min_p itself
     both = dd.unsupported_request(Params(logprobs=1, min_tokens=2))
     assert "logprobs (tree steps return none); min_tokens." in both
+
+
+def test_a_request_the_scheduler_skipped_for_a_step_keeps_its_tree(dd):
+    step = Step(dd)  # trees of a and b built
+    b_tree = step.rt.build(DRAFT_LOGITS[1:], ["b"])  # the next step drafted b alone: a waited
+    assert b_tree.tolist() == [step.tokens[1]]
+    step.prepare()  # a comes back with the drafts of its earlier tree
+    assert step.rt._step.has_tree.tolist() == [True, False, True]
+    assert step.rt._step.parent.tolist()[2] == [-1, 0, -1, 2]  # a's own tree, not a star
+
+
+def test_kept_trees_are_bounded_by_one_batch(dd):
+    rt = dd.DDTreeRuntime(budget=4, depth=2, device=torch.device("cpu"), max_num_reqs=1, max_num_tokens=16)
+    rt.build(DRAFT_LOGITS, ["a", "b"])
+    rt.build(DRAFT_LOGITS[:1], ["c"])
+    assert list(rt._stored.req_index) == ["c", "a"]  # b's tree is dropped: one batch of waiting trees
+    assert rt._stored.parent.shape[0] == 2

@@ -118,7 +118,7 @@ class RecurrentGroup:
 
     conv_states: list[torch.Tensor]
     ssm_states: list[torch.Tensor]
-    state_slots: torch.Tensor  # [num_reqs, 1 + budget] int
+    state_slots: torch.Tensor  # [max_num_reqs, >= 1 + budget] int, rows in batch order
     width: int  # the convolution's kernel width
 
 
@@ -198,14 +198,26 @@ class DDTreeRuntime:
     # Drafting: logits -> trees
     # ------------------------------------------------------------------
     def build(self, draft_logits: torch.Tensor, req_ids: list[str]) -> torch.Tensor:
-        """``draft_logits [R, D, V]`` -> draft token ids ``[R, N]`` in node order."""
+        """``draft_logits [R, D, V]`` -> draft token ids ``[R, N]`` in node order.
+
+        The trees of requests this step left out (the scheduler skipped them,
+        their drafts wait) are kept, up to one batch of them, so that such a
+        request is verified against its own tree when it comes back."""
         trees = build_trees(draft_logits, self.budget)
-        self._stored = _StoredTrees(
-            req_index={rid: i for i, rid in enumerate(req_ids[: draft_logits.shape[0]])},
-            parent=trees.parent,
-            depth=trees.depth,
-            ancestor_mask=trees.ancestor_mask,
-        )
+        index = {rid: i for i, rid in enumerate(req_ids[: draft_logits.shape[0]])}
+        parent, depth, mask = trees.parent, trees.depth, trees.ancestor_mask
+        old = self._stored
+        if old is not None:
+            waiting = [(rid, i) for rid, i in old.req_index.items() if rid not in index]
+            waiting = waiting[: self.attn_bias.shape[0]]
+            if waiting:
+                rows = torch.tensor([i for _, i in waiting], device=parent.device)
+                parent = torch.cat([parent, old.parent.index_select(0, rows)])
+                depth = torch.cat([depth, old.depth.index_select(0, rows)])
+                mask = torch.cat([mask, old.ancestor_mask.index_select(0, rows)])
+                for rid, _ in waiting:
+                    index[rid] = len(index)
+        self._stored = _StoredTrees(req_index=index, parent=parent, depth=depth, ancestor_mask=mask)
         return trees.tokens
 
     def forget_trees(self) -> None:
