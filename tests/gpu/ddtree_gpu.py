@@ -466,6 +466,16 @@ def _mal(m: dict) -> float | None:
     return round(1 + acc / drafts, 4)
 
 
+# Sampling parameters DDTree refuses when a request arrives (docs/ddtree_patch.md); the target
+# alone and the chain serve them.
+REFUSAL_PROBES = {
+    "logprobs": {"temperature": 0, "logprobs": 1},
+    "repetition_penalty": {"temperature": 0, "repetition_penalty": 1.2},
+    "min_tokens": {"temperature": 0, "min_tokens": 2},
+    "seed_sampled": {"temperature": 0.8, "seed": 1},
+}
+
+
 def cmd_gen(a: argparse.Namespace) -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -527,6 +537,19 @@ def cmd_gen(a: argparse.Namespace) -> int:
     b4_s = time.time() - t
     m2 = _metrics(llm)
     d1, d4 = _delta(m1, m0), _delta(m2, m1)
+    # allowed_token_ids (every second token the greedy runs produced): DDTree must choose as the
+    # target alone does under the same mask. Then the parameters DDTree refuses on arrival.
+    allowed = sorted({t for seq in b1 for t in seq})[::2]
+    limited = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, detokenize=False, allowed_token_ids=allowed)
+    res["allowed_batch4"] = [list(o.outputs[0].token_ids) for o in llm.generate(ps, limited)]
+    refused = {}
+    for name, extra in REFUSAL_PROBES.items():
+        try:
+            llm.generate(ps[:1], SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False, **extra))
+            refused[name] = "served"
+        except ValueError as e:
+            refused[name] = str(e)
+    res["refused"] = refused
     n1 = sum(len(x) for x in b1)
     n4 = sum(len(x) for x in b4)
     res.update(
@@ -611,6 +634,14 @@ def run_set(name: str) -> dict[str, tuple[list[str], int]]:
     raise SystemExit(f"unknown run set {name!r}: attention, hybrid-base or hybrid")
 
 
+def refusals_as_expected(ddtree: bool, refused: dict[str, str]) -> dict:
+    """DDTree refuses every probe with its reason; the target alone and the chain serve them all."""
+    ok = all(("cannot honour" in v) if ddtree else (v == "served") for v in refused.values()) and set(refused) == set(
+        REFUSAL_PROBES
+    )
+    return {"as_expected": ok, **refused}
+
+
 def _first_diff(a: list[int], b: list[int]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
@@ -620,7 +651,9 @@ def _first_diff(a: list[int], b: list[int]) -> int | None:
 
 def compare(ref: dict, run: dict) -> dict:
     out = {}
-    for key in ("batch1", "batch4"):
+    for key in ("batch1", "batch4", "allowed_batch4"):
+        if key == "allowed_batch4" and not (key in ref and key in run):
+            continue
         diffs = [_first_diff(x, y) for x, y in zip(ref[key], run[key], strict=False)]
         out[key] = {"identical": all(d is None for d in diffs), "first_divergence": diffs}
     return out
@@ -670,9 +703,11 @@ def cmd_driver(
             else:
                 tail = Path(log.name).read_text()[-4000:]
                 results[name] = {"error": f"rc={p.returncode}", "log_tail": tail}
-    summary: dict = {"runs": {}, "lossless": {}, "acceptance": {}, "tokens_per_s": {}}
+    summary: dict = {"runs": {}, "lossless": {}, "acceptance": {}, "tokens_per_s": {}, "refusals": {}}
     for name, r in results.items():
-        summary["runs"][name] = {k: v for k, v in r.items() if k not in ("batch1", "batch4")}
+        summary["runs"][name] = {k: v for k, v in r.items() if k not in ("batch1", "batch4", "allowed_batch4")}
+        if "refused" in r:
+            summary["refusals"][name] = refusals_as_expected("ddtree" in name, r["refused"])
     for dt in ("bf16", "fp16"):
         fa, ta = results.get(f"target_fa_{dt}", {}), results.get(f"target_tree_attn_{dt}", {})
         for name in IDENTITY:
