@@ -271,6 +271,7 @@ class VLLM(Engine):
         p.add_argument("--max-model-len", type=int)
         p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
         p.add_argument("--speculative-config")
+        p.add_argument("--compilation-config", "-cc")
         p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
         p.add_argument("--api-key", nargs="+")
         p.add_argument("--max-num-batched-tokens", type=int)
@@ -281,6 +282,13 @@ class VLLM(Engine):
         for flag in ("--language-model-only", "--trust-remote-code", "--enforce-eager", "--disable-log-requests"):
             p.add_argument(flag, action="store_true")
         a = p.parse_args(argv[1:])
+        if a.compilation_config is not None:
+            try:
+                compilation = json.loads(a.compilation_config)
+            except ValueError:
+                compilation = None
+            if not isinstance(compilation, dict):
+                raise Refusal(f"--compilation-config must be a JSON object, not {a.compilation_config!r}")
         if not 0 < a.gpu_memory_utilization <= 1:
             raise Refusal(f"--gpu-memory-utilization must be in (0, 1], not {a.gpu_memory_utilization}")
         engine = cls(

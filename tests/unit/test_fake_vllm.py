@@ -117,6 +117,14 @@ def test_refuses_draft_slots_that_leave_no_scheduled_tokens(target, drafter):
         engine(target, "--speculative-config", ddtree, "--max-num-seqs", "32", "--max-num-batched-tokens", "480")
 
 
+def test_takes_a_compilation_config_object_and_refuses_anything_else(target):
+    engine(target, "--compilation-config", '{"max_cudagraph_capture_size":1056}')
+    with pytest.raises(fake.Refusal, match="--compilation-config must be a JSON object, not '1056'"):
+        engine(target, "--compilation-config", "1056")
+    with pytest.raises(fake.Refusal, match="must be a JSON object"):
+        engine(target, "-cc", "{broken")
+
+
 def test_knobs_per_engine(tmp_path, monkeypatch):
     knobs = tmp_path / "knobs.json"
     knobs.write_text(json.dumps({"slow_start_s": 2, "vllm": {"never_healthy": True}}))

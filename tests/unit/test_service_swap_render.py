@@ -123,6 +123,8 @@ def test_dense_target_ddtree_with_budget_and_extra_args(dirs):
         " --max-num-batched-tokens 16384 \\",
         ' --speculative-config \'{"method":"ddtree","model":"/opt/models/drafter","num_speculative_tokens":15,'
         '"ddtree_budget":32}\' \\',
+        # every uniform batch in a graph: 32 requests x 33 tokens, within 16384 - 32 x 31
+        " --compilation-config '{\"max_cudagraph_capture_size\":1056}' \\",
         " --reasoning-parser qwen3 \\",
         " --enforce-eager",
     ]
@@ -361,3 +363,29 @@ def test_preflight_refuses_a_ddtree_budget_whose_tree_state_cannot_fit(dirs):
     res = preflight(dirs, *args)
     assert "recurrent state slots" not in res.stdout
     assert "Read the SGLang unit the swap may have to restore" in res.stdout
+
+
+def test_the_cuda_graph_cap_follows_the_scheduler_and_an_explicit_setting(dirs):
+    def argv(*extra: str) -> str:
+        return " ".join(line.rstrip("\\").strip() for line in render(dirs, *extra))
+
+    def cap(tokens: int) -> str:
+        return f"--compilation-config '{{\"max_cudagraph_capture_size\":{tokens}}}'"
+
+    ddtree = ("-e", "service_swap_spec_method=ddtree", "-e", "shared_settings_ddtree_budget=64")
+    # 32 x 65 = 2080 tokens, within 16384 - 32 x 63 = 14368: every uniform batch gets a graph.
+    assert cap(2080) in argv("dense", *ddtree)
+    # A scheduler that takes fewer tokens than that bounds it: 2300 - 32 x 63 = 284.
+    assert cap(284) in argv("dense", *ddtree, "-e", "service_swap_max_num_batched_tokens=2300")
+    assert "--compilation-config" not in argv("dense", *ddtree, "-e", "service_swap_max_cudagraph_capture_size=0")
+    assert "--compilation-config" not in argv("hybrid")  # the chain keeps vLLM's default
+    assert cap(256) in argv("hybrid", "-e", "service_swap_max_cudagraph_capture_size=256")
+
+
+@pytest.mark.parametrize("value", ["-5", "lots", "1.5"])
+def test_preflight_refuses_a_cuda_graph_cap_that_is_not_auto_or_tokens(dirs, value):
+    res = preflight(dirs, "-e", f'{{"service_swap_max_cudagraph_capture_size": {json.dumps(value)}}}')
+    assert res.returncode == 2
+    assert f"service_swap_max_cudagraph_capture_size is {value}; it must be auto or a number of tokens" in " ".join(
+        res.stdout.split()
+    )
