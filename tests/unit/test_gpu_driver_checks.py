@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+import pytest
 
-import ddtree_gpu
+GPU_TESTS = str(Path(__file__).resolve().parents[1] / "gpu")
+
+
+@pytest.fixture(scope="module")
+def ddtree_gpu():
+    """The driver, imported without leaving its path (the repo's module_utils first) to other tests:
+    library/ modules share names with module_utils/ files."""
+    saved_path, saved_modules = list(sys.path), set(sys.modules)
+    sys.path.insert(0, GPU_TESTS)
+    yield importlib.import_module("ddtree_gpu")
+    sys.path[:] = saved_path
+    for name in set(sys.modules) - saved_modules:
+        del sys.modules[name]
+
 
 REFUSED = "DDTree tree verification (speculative method 'ddtree') cannot honour logprobs ..."
 
 
-def test_ddtree_must_refuse_every_probe_and_the_others_serve_them():
+def test_ddtree_must_refuse_every_probe_and_the_others_serve_them(ddtree_gpu):
     probes = list(ddtree_gpu.REFUSAL_PROBES)
     assert ddtree_gpu.refusals_as_expected(True, dict.fromkeys(probes, REFUSED))["as_expected"]
     assert ddtree_gpu.refusals_as_expected(False, dict.fromkeys(probes, "served"))["as_expected"]
@@ -22,7 +36,7 @@ def test_ddtree_must_refuse_every_probe_and_the_others_serve_them():
     assert not ddtree_gpu.refusals_as_expected(True, {probes[0]: REFUSED})["as_expected"]  # a probe missing
 
 
-def test_identity_covers_the_allowed_token_run_when_both_sides_have_it():
+def test_identity_covers_the_allowed_token_run_when_both_sides_have_it(ddtree_gpu):
     ref = {"batch1": [[1, 2]], "batch4": [[1, 2]], "allowed_batch4": [[3, 3]]}
     same = ddtree_gpu.compare(ref, dict(ref))
     assert set(same) == {"batch1", "batch4", "allowed_batch4"}

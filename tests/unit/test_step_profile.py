@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import step_profile
+_spec = importlib.util.spec_from_file_location(
+    "step_profile", Path(__file__).resolve().parents[2] / "benchmarks" / "step_profile.py"
+)
+step_profile = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(step_profile)
 
 
 def x(cat: str, name: str, ts: float, dur: float) -> dict:
