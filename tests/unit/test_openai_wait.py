@@ -159,7 +159,9 @@ def test_a_slow_start_prints_a_few_progress_lines_and_no_retry_lines(tmp_path, s
     got = result_of(res)
     assert got["healthy"] is True
     assert got["polls"] >= 6
-    assert got["phases"] == [{"phase": "starting", "after_s": 0}]
+    # One phase, seen at the first poll (its second can read 1 on a loaded machine).
+    assert [p["phase"] for p in got["phases"]] == ["starting"]
+    assert got["phases"][0]["after_s"] <= 2
 
 
 def test_it_gives_up_after_wait_s_with_the_last_answer(tmp_path, server):
