@@ -28,11 +28,10 @@ def test_a_filled_ext4_refuses_one_more_byte_and_immutable_refuses_a_rename(ext4
             os.replace(ext4_dir / "new", victim)
     assert not realfs.lsattr_immutable(victim)
     realfs.fill(ext4_dir)
-    with pytest.raises(OSError) as caught:
-        with open(ext4_dir / "one", "wb") as fh:
-            fh.write(b"x")
-            fh.flush()
-            os.fsync(fh.fileno())
+    with pytest.raises(OSError) as caught, open(ext4_dir / "one", "wb") as fh:
+        fh.write(b"x")
+        fh.flush()
+        os.fsync(fh.fileno())
     assert caught.value.errno == errno.ENOSPC
 
 
