@@ -31,13 +31,13 @@ def _mount_or_skip(stack: contextlib.ExitStack, cm: contextlib.AbstractContextMa
 
 @pytest.fixture
 def tmpfs_dir(tmp_path) -> Iterator[Path]:
-    """A real 1 MiB tmpfs (fill it with ``realfs.fill`` for ENOSPC); unmounted after the test, pass or fail."""
+    """A real 16 MiB tmpfs (fill it with ``realfs.fill`` for ENOSPC); unmounted after the test, pass or fail."""
     with contextlib.ExitStack() as stack:
-        yield _mount_or_skip(stack, realfs.tmpfs(tmp_path / "tmpfs", "1m"))
+        yield _mount_or_skip(stack, realfs.tmpfs(tmp_path / "tmpfs", "16m"))
 
 
 @pytest.fixture
 def ext4_dir(tmp_path) -> Iterator[Path]:
-    """A real 8 MiB ext4 filesystem, loop-mounted (``chattr +i`` works there, not on tmpfs); always unmounted."""
+    """A real 16 MiB ext4 filesystem, loop-mounted (``chattr +i`` works there, not on tmpfs); always unmounted."""
     with contextlib.ExitStack() as stack:
-        yield _mount_or_skip(stack, realfs.ext4(tmp_path / "ext4", tmp_path / "ext4.img", "8M"))
+        yield _mount_or_skip(stack, realfs.ext4(tmp_path / "ext4", tmp_path / "ext4.img", "16M"))
