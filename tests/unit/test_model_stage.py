@@ -517,7 +517,11 @@ def test_exchange_paths_swaps_two_directories(tmp_path):
 
 
 def unsupported(a, b):
-    """A filesystem without RENAME_EXCHANGE (NFS, for one) answers EINVAL."""
+    """A filesystem without RENAME_EXCHANGE (NFS, for one) answers EINVAL.
+
+    Stays simulated: tmpfs and ext4, the filesystems this machine can mount for a test, both support
+    the exchange, and no NFS server exists here (realfs covers the full-disk and immutable cases).
+    """
     raise OSError(errno.EINVAL, "Invalid argument", a, None, b)
 
 
