@@ -119,12 +119,13 @@ backup_file:
   sample: /opt/models/Qwen3.6-27B-DFlash/config.json.1234.2026-11-30@08:00:00~
 """
 
+import contextlib
 import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_drafter import DFlashConfigError, generate
-from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, read_regular
+from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, read_regular, write_problem
 from ansible.module_utils.safetensors_header import SafetensorsError, inspect_path
 
 ARGUMENT_SPEC = {
@@ -210,12 +211,21 @@ def run(module: AnsibleModule) -> None:
             "after_header": dest,
         }
     if changed and not module.check_mode:
+        backup = None
         try:
             if p["backup"] and raw is not None:
-                result["backup_file"] = _backup(dest, raw, os.lstat(dest).st_mode)
+                backup = result["backup_file"] = _backup(dest, raw, os.lstat(dest).st_mode)
             atomic_write(dest, text, 0o644, prefix=".config.json.")
         except (OSError, UnsafeFileError) as exc:
-            module.fail_json(msg=f"cannot write {dest}: {getattr(exc, 'strerror', None) or exc}; it was left as it was")
+            if backup is not None:
+                # dest kept its bytes: a backup of them beside it would only look like a change happened.
+                with contextlib.suppress(OSError):
+                    os.unlink(backup)
+            if isinstance(exc, OSError):
+                problem, remedy = write_problem(exc, dest)
+            else:
+                problem, remedy = str(exc), "fix that and run again"
+            module.fail_json(msg=f"cannot write {dest} ({problem}); it was left as it was: {remedy}")
     file_args = module.load_file_common_arguments(p, path=dest)
     if not (module.check_mode and not os.path.exists(dest)):
         changed = module.set_fs_attributes_if_different(file_args, changed)

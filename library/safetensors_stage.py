@@ -193,7 +193,15 @@ from ansible.module_utils.model_stage import (
     replace_set,
     source_layout,
 )
-from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, loads_json, open_regular, read_regular
+from ansible.module_utils.safe_io import (
+    UnsafeFileError,
+    atomic_write,
+    loads_json,
+    locked_attribute,
+    open_regular,
+    read_regular,
+    write_problem,
+)
 from ansible.module_utils.safetensors_header import SafetensorsError, read_file_header
 
 ARGUMENT_SPEC: dict[str, Any] = {
@@ -516,9 +524,15 @@ def copy_local(module: AnsibleModule) -> dict[str, Any]:
                         f"{origin} changed while it was copied (size, modification time or inode differ before and"
                         " after); nothing was committed: run the play again once the source is complete"
                     )
-            except BaseException:
+            except BaseException as exc:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(temp)
+                if isinstance(exc, OSError):
+                    problem, remedy = write_problem(exc, temp)
+                    raise StageError(
+                        f"{f['name']}: copying {origin} to {temp} failed ({problem}); nothing was replaced and the"
+                        f" partial copy was removed: {remedy}"
+                    ) from None
                 raise
         digests[f["name"]] = h.hexdigest()
     return {"changed": True, "digests": digests}
@@ -776,6 +790,10 @@ def _commit(
     merged = {n: r for n, r in records.items() if n in keep_names}
     merged.update(new_records)
     side = render_sidecar(merged)
+    replaced = (
+        [f["name"] for f in transfers] + removes + [INDEX_NAME] * write_index + [SIDECAR_NAME] * (side != side_text)
+    )
+    _refuse_locked(dest, replaced, transfers)
     if len(transfers) + len(removes) + int(write_index) > 1:
         # Several files change: build the new set beside dest and swap it in as one directory.
         writes = {SIDECAR_NAME: (side, 0o644)}
@@ -790,26 +808,64 @@ def _commit(
         except StageError:
             _remove_temps(transfers)
             raise
+        except OSError as exc:
+            _remove_temps(transfers)
+            problem, remedy = write_problem(exc, exc.filename or os.path.join(dest, SIDECAR_NAME))
+            raise StageError(
+                f"{dest}: building the new set of files beside it failed ({problem}); nothing was replaced and the"
+                f" transferred files were removed: {remedy}"
+            ) from None
         reread = sorted(f["name"] for f in transfers if f.get("prehashed") != f["digest"])
         return {"changed": True, "files": merged, "transferred": sorted(new_records), "reread": reread, "swapped": True}
     # At most one file changes: one rename (or removal) is atomic by itself.
     for f in transfers:
         final = os.path.join(dest, f["name"])
-        os.replace(f["temp"], final)
+        try:
+            os.replace(f["temp"], final)
+        except OSError as exc:
+            _remove_temps(transfers)
+            problem, remedy = write_problem(exc, final)
+            raise StageError(f"{final}: cannot be replaced ({problem}); nothing was replaced: {remedy}") from None
         _check_placed(final, fds[f["name"]])
         changed = True
-    if write_index and index_text is not None:
-        _atomic_write(os.path.join(dest, INDEX_NAME), index_text, uid, gid, file_mode)
-        changed = True
-    for name in removes:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(dest, name))
+    try:
+        if write_index and index_text is not None:
+            _atomic_write(os.path.join(dest, INDEX_NAME), index_text, uid, gid, file_mode)
             changed = True
-    if side != side_text:
-        _atomic_write(os.path.join(dest, SIDECAR_NAME), side, uid, gid, 0o644)
+        for name in removes:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(dest, name))
+                changed = True
+        if side != side_text:
+            _atomic_write(os.path.join(dest, SIDECAR_NAME), side, uid, gid, 0o644)
+    except OSError as exc:
+        placed = ", ".join(f["name"] for f in transfers) or "nothing"
+        problem, remedy = write_problem(exc, exc.filename or os.path.join(dest, SIDECAR_NAME))
+        raise StageError(
+            f"{dest}: {placed} was put in place, verified, but finishing failed ({problem}); the next run checks"
+            f" the files again: {remedy}"
+        ) from None
     fsync_path(dest)
     reread = sorted(f["name"] for f in transfers if f.get("prehashed") != f["digest"])
     return {"changed": changed, "files": merged, "transferred": sorted(new_records), "reread": reread, "swapped": False}
+
+
+def _refuse_locked(dest: str, names: list[str], transfers: list[dict[str, Any]]) -> None:
+    """Refuse before anything changes when a file the commit replaces or removes is chattr +i or +a.
+
+    The set swap exchanges directories, which such a file does not stop: it would be replaced
+    anyway and the old set could not be removed. The operator marked it so it stays: say so.
+    """
+    for name in names:
+        path = os.path.join(dest, name)
+        attribute = locked_attribute(path)
+        if attribute is not None:
+            _remove_temps(transfers)
+            flag = "i" if attribute == "immutable" else "a"
+            raise StageError(
+                f"{path} is {attribute} (chattr +{flag}); nothing was replaced and the transferred files were"
+                f" removed: if it is meant to change, run chattr -{flag} {path} and run the play again"
+            )
 
 
 def _read_index(path: str) -> str:
@@ -889,7 +945,9 @@ def run(module: AnsibleModule) -> None:
     except (StageError, UnsafeFileError) as exc:
         module.fail_json(msg=str(exc))
     except OSError as exc:
-        module.fail_json(msg=f"{module.params['dest']}: {exc.strerror or exc} ({getattr(exc, 'filename', '')})")
+        where = exc.filename2 or exc.filename or module.params["dest"]
+        problem, remedy = write_problem(exc, str(where))
+        module.fail_json(msg=f"{module.params['dest']}: {problem} ({where}); {remedy}")
     module.exit_json(dest=module.params["dest"], **result)
 
 

@@ -162,7 +162,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, read_regular
+from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, read_regular, write_problem
 from ansible.module_utils.vllm_changeset import (
     ABSENT,
     PRESENT,
@@ -252,12 +252,19 @@ def run(module: AnsibleModule) -> dict:
             try:
                 atomic_write(record_path, text, 0o644, prefix=".")
             except OSError as exc:
+                problem, remedy = write_problem(exc, record_path)
                 raise ChangeSetError(
-                    f"vLLM was patched but its record {record_path} could not be written ({exc.strerror or exc});"
-                    " free space or fix the venv's permissions and run again"
+                    f"vLLM was patched but its record {record_path} could not be written ({problem}); {remedy}"
                 ) from None
-        elif os.path.exists(record_path):
-            os.unlink(record_path)
+        elif os.path.lexists(record_path):
+            try:
+                os.unlink(record_path)
+            except OSError as exc:
+                problem, remedy = write_problem(exc, record_path)
+                raise ChangeSetError(
+                    f"vLLM's files were put back but its record {record_path} could not be removed ({problem});"
+                    f" {remedy}"
+                ) from None
     return result
 
 

@@ -80,8 +80,9 @@ import os
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.safe_io import write_problem
 from ansible.module_utils.vllm_releases import parse_version
-from ansible.module_utils.vllm_venvs import list_venvs, plan_prune
+from ansible.module_utils.vllm_venvs import MARKER, list_venvs, plan_prune
 
 ARGUMENT_SPEC = {
     "root": {"type": "path", "default": "/opt/vllm"},
@@ -94,6 +95,34 @@ ARGUMENT_SPEC = {
 
 def build_module() -> AnsibleModule:
     return AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+
+
+def _remove(module: AnsibleModule, path: str, removed: list[str]) -> None:
+    """Remove one pruned tree; a file that cannot go (chattr +i, a read-only mount) is named, no traceback.
+
+    The install marker goes first, so a tree that stops half-way reads as an interrupted install
+    (never a complete venv) and the next run removes the rest.
+    """
+    failed: list[tuple[str, OSError]] = []
+    marker = os.path.join(path, MARKER)
+    try:
+        os.unlink(marker)
+    except FileNotFoundError:
+        pass  # a wheel directory, or an install interrupted before its marker
+    except OSError as exc:
+        failed.append((marker, exc))
+    if not failed:
+        # rmtree unlinks relative to a directory descriptor: the full path comes as the callback's argument.
+        shutil.rmtree(path, onerror=lambda _f, where, info: failed.append((where, info[1])))
+    if failed:
+        where, exc = failed[0]
+        problem, remedy = write_problem(exc, where)
+        done = removed[: removed.index(path)]
+        module.fail_json(
+            msg=f"cannot remove {path}: {where}: {problem}; it is partly removed (it is not the current venv):"
+            f" {remedy}",
+            removed=done,
+        )
 
 
 def run(module: AnsibleModule) -> None:
@@ -115,7 +144,7 @@ def run(module: AnsibleModule) -> None:
                 removed.append(wheels)
     if removed and not module.check_mode:
         for path in removed:
-            shutil.rmtree(path)
+            _remove(module, path, removed)
     remaining = sorted((e for e in entries if e not in doomed), key=lambda e: parse_version(e.version), reverse=True)
     result = {
         "changed": bool(removed),

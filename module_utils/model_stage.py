@@ -21,6 +21,7 @@ Standard library and ``ansible.module_utils`` only (runs on managed nodes).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import hashlib
@@ -531,6 +532,17 @@ def prepare_set(dest: str, new: NewSet, uid: int, gid: int, dir_mode: int) -> st
     staging, _ = swap_paths(real)
     remove_tree(staging)
     os.mkdir(staging, 0o700)
+    try:
+        _fill_set(real, staging, new, uid, gid, dir_mode)
+    except BaseException:
+        # A full disk, a file that cannot be linked (chattr +i): no half-built set stays beside dest.
+        with contextlib.suppress(OSError):
+            remove_tree(staging)
+        raise
+    return staging
+
+
+def _fill_set(real: str, staging: str, new: NewSet, uid: int, gid: int, dir_mode: int) -> None:
     skip = set(new.place) | set(new.write) | new.remove
     skip |= {e.name for e in os.scandir(real) if e.name.startswith(TEMP_PREFIX)}
     _mirror(real, staging, skip)
@@ -549,7 +561,6 @@ def prepare_set(dest: str, new: NewSet, uid: int, gid: int, dir_mode: int) -> st
     os.chown(staging, uid, gid)
     os.chmod(staging, dir_mode)
     fsync_path(staging)
-    return staging
 
 
 def swap_set(dest: str, staging: str, exchange: Exchange = exchange_paths) -> None:

@@ -17,11 +17,14 @@ Standard library only (runs on managed nodes).
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import re
 import secrets
 import stat
+import sys
 from typing import Any
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
@@ -69,6 +72,63 @@ def atomic_write(
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+# linux/fs.h: FS_IOC_GETFLAGS reads a file's attributes (what lsattr shows); the kernel stores an int.
+FS_IOC_GETFLAGS = 0x80086601
+FS_IMMUTABLE_FL = 0x10
+FS_APPEND_FL = 0x20
+
+
+def locked_attribute(path: str) -> str | None:
+    """``"immutable"`` or ``"append-only"`` when ``path`` carries that attribute (chattr +i / +a), else None.
+
+    Such a file cannot be replaced, renamed over or removed, even by root. Never follows a symlink;
+    a filesystem without attributes (tmpfs) or a path that cannot be opened answers None.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        buf = bytearray(8)
+        fcntl.ioctl(fd, FS_IOC_GETFLAGS, buf, True)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    flags = int.from_bytes(buf[:4], sys.byteorder)
+    if flags & FS_IMMUTABLE_FL:
+        return "immutable"
+    if flags & FS_APPEND_FL:
+        return "append-only"
+    return None
+
+
+def write_problem(exc: OSError, path: str) -> tuple[str, str]:
+    """Why writing ``path`` failed with ``exc`` and what the operator does about it, as two phrases.
+
+    The first names the cause (the error text, and the attribute when an immutable or append-only
+    file or directory is the reason for EPERM); the second is the remedy, ending "and run again".
+    """
+    directory = os.path.dirname(path) or "."
+    text = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        what = "free space" if exc.errno == errno.ENOSPC else "free space or raise the quota"
+        return text, f"{what} on the filesystem of {directory} and run again"
+    if exc.errno == errno.EROFS:
+        return text, f"remount the filesystem of {directory} read-write and run again"
+    if exc.errno in (errno.EPERM, errno.EACCES):
+        for where, whose in ((path, path), (directory, f"its directory {directory}")):
+            attribute = locked_attribute(where)
+            if attribute is not None:
+                flag = "i" if attribute == "immutable" else "a"
+                return (
+                    f"{text}: {whose} is {attribute} (chattr +{flag})",
+                    f"if it is meant to change, run chattr -{flag} {where} and run again",
+                )
+        return text, f"check the permissions of {directory} and run again"
+    return text, "fix that and run again"
 
 
 def _create_temp(dfd: int, name: str, prefix: str, suffix: str) -> tuple[int, str]:

@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, loads_json, read_regular
+from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, loads_json, read_regular, write_problem
 
 MANIFEST = "manifest.json"
 # A manifest lists a few dozen files; a patched or added source file is well below this.
@@ -592,6 +592,7 @@ def execute(plan_: Plan, *, write: Callable[[Path, bytes, int], None] = _atomic_
     site = Path(plan_.site_packages)
     done: list[tuple[Path, bytes | None, int]] = []
     changed: list[str] = []
+    target = site
     try:
         for action in plan_.actions:
             if not action.changes:
@@ -609,19 +610,24 @@ def execute(plan_: Plan, *, write: Callable[[Path, bytes, int], None] = _atomic_
             changed.append(action.path)
     except BaseException as exc:
         failures: list[str] = []
-        for target, before, mode in reversed(done):
+        for written, before, mode in reversed(done):
             try:
                 if before is None:
-                    target.unlink(missing_ok=True)
+                    written.unlink(missing_ok=True)
                 else:
-                    _atomic_write(target, before, mode)
+                    _atomic_write(written, before, mode)
             except OSError as restore_exc:  # pragma: no cover - double fault
-                failures.append(f"{target}: {restore_exc}")
+                failures.append(f"{written}: {restore_exc}")
         if failures:  # pragma: no cover - double fault
             raise ChangeSetError(
                 f"Writing failed ({exc}) and restoring failed too for: {'; '.join(failures)}. Reinstall vLLM."
             ) from exc
-        if isinstance(exc, OSError | UnsafeFileError):
+        if isinstance(exc, OSError):
+            problem, remedy = write_problem(exc, str(target))
+            raise ChangeSetError(
+                f"Writing {target} failed ({problem}), every file was put back as it was: {remedy}"
+            ) from exc
+        if isinstance(exc, UnsafeFileError):
             raise ChangeSetError(f"Writing failed, every file was put back as it was: {exc}") from exc
         raise
     return changed

@@ -1,12 +1,15 @@
-"""Fixtures shared by the unit tests that run the lab's stand-in engines."""
+"""Fixtures shared by the unit tests: the lab's stand-in target model, and small real filesystems (realfs)."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import realfs
 
 TARGET_MODEL = Path(__file__).resolve().parents[2] / "tests" / "fakes" / "target_model.py"
 
@@ -17,3 +20,24 @@ def target(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("models") / "Qwen3.6-27B"
     subprocess.run([sys.executable, str(TARGET_MODEL), str(path)], check=True, capture_output=True)
     return path
+
+
+def _mount_or_skip(stack: contextlib.ExitStack, cm: contextlib.AbstractContextManager[Path]) -> Path:
+    try:
+        return stack.enter_context(cm)
+    except realfs.CannotMount as exc:
+        pytest.skip(f"cannot make a real filesystem here: {exc}")
+
+
+@pytest.fixture
+def tmpfs_dir(tmp_path) -> Iterator[Path]:
+    """A real 16 MiB tmpfs (fill it with ``realfs.fill`` for ENOSPC); unmounted after the test, pass or fail."""
+    with contextlib.ExitStack() as stack:
+        yield _mount_or_skip(stack, realfs.tmpfs(tmp_path / "tmpfs", "16m"))
+
+
+@pytest.fixture
+def ext4_dir(tmp_path) -> Iterator[Path]:
+    """A real 16 MiB ext4 filesystem, loop-mounted (``chattr +i`` works there, not on tmpfs); always unmounted."""
+    with contextlib.ExitStack() as stack:
+        yield _mount_or_skip(stack, realfs.ext4(tmp_path / "ext4", tmp_path / "ext4.img", "16M"))

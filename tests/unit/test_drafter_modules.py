@@ -8,6 +8,7 @@ from pathlib import Path
 
 import dflash_config
 import pytest
+import realfs
 import safetensors_info
 from ansible.module_utils.testing import patch_module_args
 from safetensors_files import dflash_shapes, fake, write_real, write_sharded
@@ -265,17 +266,44 @@ def test_empty_or_nul_paths_are_refused(lab, capsys, name, value, what):
     assert listing(drafter) == ["model.safetensors"]
 
 
-def test_a_full_disk_is_a_message_and_the_old_config_survives(lab, capsys, monkeypatch):
-    import errno
-
-    drafter, target = lab
+def drafter_on(where, target_from):
+    """The lab's drafter directory on a real, small filesystem, with a hand-written config.json."""
+    drafter = where / "drafter"
+    drafter.mkdir()
+    write_real(drafter / "model.safetensors", dflash_shapes(64, 2, 4, 2, 16, 128, 2))
     (drafter / "config.json").write_text("old\n")
+    return drafter, target_from
 
-    def full(*a, **kw):
-        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(dflash_config, "atomic_write", full)
-    out = run(dflash_config, args(drafter, target), capsys)
+@pytest.mark.parametrize("backup", [False, True])
+def test_a_full_disk_is_a_message_and_the_old_config_survives(lab, tmpfs_dir, capsys, backup):
+    """A real full tmpfs: the kernel's ENOSPC, not a patched function (issue 23)."""
+    drafter, target = drafter_on(tmpfs_dir, lab[1])
+    realfs.fill(tmpfs_dir)
+    out = run(dflash_config, {**args(drafter, target), "backup": backup}, capsys)
     assert out["failed"] is True
-    assert out["msg"] == f"cannot write {drafter / 'config.json'}: No space left on device; it was left as it was"
+    assert out["msg"] == (
+        f"cannot write {drafter / 'config.json'} (No space left on device); it was left as it was: free space on"
+        f" the filesystem of {drafter} and run again"
+    )
     assert (drafter / "config.json").read_text() == "old\n"
+    assert listing(drafter) == ["config.json", "model.safetensors"]
+
+
+@pytest.mark.parametrize("backup", [False, True])
+def test_an_immutable_config_is_named_with_its_remedy_and_survives(lab, ext4_dir, capsys, backup):
+    """A real ext4 file with chattr +i: the rename over it fails EPERM; no temp and no stray backup stay."""
+    drafter, target = drafter_on(ext4_dir, lab[1])
+    dest = drafter / "config.json"
+    with realfs.immutable(dest):
+        out = run(dflash_config, {**args(drafter, target), "backup": backup}, capsys)
+        assert out["failed"] is True
+        assert out["msg"] == (
+            f"cannot write {dest} (Operation not permitted: {dest} is immutable (chattr +i)); it was left as it was:"
+            f" if it is meant to change, run chattr -i {dest} and run again"
+        )
+        assert dest.read_text() == "old\n"
+        assert listing(drafter) == ["config.json", "model.safetensors"]
+    out = run(dflash_config, args(drafter, target), capsys)
+    assert out["changed"] is True, out
+    assert listing(drafter) == ["config.json", "model.safetensors"]

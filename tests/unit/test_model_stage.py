@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import realfs
 import safetensors_stage
 from ansible.module_utils.model_stage import (
     DestFile,
@@ -516,7 +517,11 @@ def test_exchange_paths_swaps_two_directories(tmp_path):
 
 
 def unsupported(a, b):
-    """A filesystem without RENAME_EXCHANGE (NFS, for one) answers EINVAL."""
+    """A filesystem without RENAME_EXCHANGE (NFS, for one) answers EINVAL.
+
+    Stays simulated: tmpfs and ext4, the filesystems this machine can mount for a test, both support
+    the exchange, and no NFS server exists here (realfs covers the full-disk and immutable cases).
+    """
     raise OSError(errno.EINVAL, "Invalid argument", a, None, b)
 
 
@@ -925,3 +930,123 @@ def test_settings_no_staging_can_work_with_are_refused_up_front(src, tmp_path, c
     assert out["failed"] is True
     assert out["msg"] == message
     assert not (tmp_path / "dest").exists()
+
+
+# ------------------------------------------------------------------ real full and immutable filesystems (issue 23)
+
+
+def names(dest):
+    return sorted(os.listdir(dest))
+
+
+def test_a_node_local_copy_onto_a_full_disk_is_a_message_and_leaves_no_partial(src, tmpfs_dir, capsys):
+    """A real tmpfs filled after the plan (another writer took the space): the copy's write gets ENOSPC."""
+    dest = tmpfs_dir / "dest"
+    args = base(src, dest, remote_src=True)
+    planned = call({**args, "step": "plan"}, capsys)
+    realfs.fill(tmpfs_dir)
+    temp = planned["transfers"][0]["temp"]
+    out = call({**args, "step": "copy", "files": [{**t, "kind": "transfer"} for t in planned["transfers"]]}, capsys)
+    assert out["msg"] == (
+        f"model.safetensors: copying {src} to {temp} failed (No space left on device); nothing was replaced and the"
+        f" partial copy was removed: free space on the filesystem of {dest} and run again"
+    )
+    assert names(dest) == []
+
+
+def test_a_full_disk_at_the_commit_names_what_was_placed_and_the_next_run_recovers(src, tmpfs_dir, capsys):
+    """A real full tmpfs at the commit: the rename needs no space, the sidecar's write fails with ENOSPC."""
+    dest = tmpfs_dir / "dest"
+    args = {**base(src, dest), "files": [manifest(src)]}
+    planned = call({**args, "step": "plan"}, capsys)
+    transfer(planned)
+    realfs.fill(tmpfs_dir)
+    out = call({**args, "step": "commit", "files": commit_files(planned)}, capsys)
+    assert out["msg"] == (
+        f"{dest}: model.safetensors was put in place, verified, but finishing failed (No space left on device); the"
+        f" next run checks the files again: free space on the filesystem of {dest} and run again"
+    )
+    assert names(dest) == ["model.safetensors"]
+    assert sha(dest / "model.safetensors") == sha(src)
+    (tmpfs_dir / realfs.FILLER).unlink()
+    _, done = stage(args, capsys)  # no record of the placed file: it is transferred and verified again
+    assert done.get("failed") is None, done
+    assert names(dest) == [".model_stage.json", "model.safetensors"]
+    assert sha(dest / "model.safetensors") == sha(src)
+
+
+def test_a_full_disk_while_building_a_shard_set_leaves_the_old_set_and_nothing_beside_it(tmpfs_dir, capsys):
+    """Regression: the half-built staging directory stayed beside dest after an ENOSPC (real tmpfs)."""
+    shard_dir, dest = tmpfs_dir.parent / "shards", tmpfs_dir / "dest"
+    stage({**base(shard_dir, dest), "files": write_shards(shard_dir)}, capsys)
+    before = {n: sha(dest / n) for n in os.listdir(dest)}
+    args = {**base(shard_dir, dest), "files": change_second_shard(shard_dir)}
+    planned = call({**args, "step": "plan"}, capsys)
+    transfer(planned)
+    realfs.fill(tmpfs_dir)
+    out = call({**args, "step": "commit", "files": commit_files(planned)}, capsys)
+    assert out["msg"] == (
+        f"{dest}: building the new set of files beside it failed (No space left on device); nothing was replaced and"
+        f" the transferred files were removed: free space on the filesystem of {dest} and run again"
+    )
+    assert {n: sha(dest / n) for n in os.listdir(dest)} == before
+    assert sorted(os.listdir(tmpfs_dir)) == ["dest", realfs.FILLER]
+
+
+def test_an_immutable_weights_file_is_not_replaced_and_is_named(src, ext4_dir, capsys):
+    """A real chattr +i model.safetensors (ext4): the commit refuses before the rename, removing its temp."""
+    dest = ext4_dir / "dest"
+    args = {**base(src, dest), "files": [manifest(src)]}
+    stage(args, capsys)
+    old = sha(dest / "model.safetensors")
+    os.utime(src, (7, 7))
+    args = {**base(src, dest), "files": [manifest(src)]}
+    planned = call({**args, "step": "plan"}, capsys)
+    transfer(planned)
+    final = dest / "model.safetensors"
+    with realfs.immutable(final):
+        out = call({**args, "step": "commit", "files": commit_files(planned)}, capsys)
+        assert out["msg"] == (
+            f"{final} is immutable (chattr +i); nothing was replaced and the transferred files were removed: if it"
+            f" is meant to change, run chattr -i {final} and run the play again"
+        )
+        assert sha(final) == old
+        assert names(dest) == [".model_stage.json", "model.safetensors"]
+
+
+def test_an_immutable_shard_stops_the_set_swap_before_anything_moves(ext4_dir, capsys):
+    """The directory swap would replace a chattr +i shard anyway and then fail to remove the old set: refused."""
+    shard_dir, dest = ext4_dir / "shards", ext4_dir / "dest"
+    stage({**base(shard_dir, dest), "files": write_shards(shard_dir)}, capsys)
+    before = {n: sha(dest / n) for n in os.listdir(dest)}
+    args = {**base(shard_dir, dest), "files": change_second_shard(shard_dir)}
+    planned = call({**args, "step": "plan"}, capsys)
+    transfer(planned)
+    locked = dest / "model-00002-of-00002.safetensors"
+    with realfs.immutable(locked):
+        out = call({**args, "step": "commit", "files": commit_files(planned)}, capsys)
+        assert out["msg"].startswith(f"{locked} is immutable (chattr +i); nothing was replaced")
+        assert {n: sha(dest / n) for n in os.listdir(dest)} == before
+        assert sorted(os.listdir(ext4_dir)) == ["dest", "lost+found", "shards"]
+    _, done = stage(args, capsys)
+    assert done["swapped"] is True
+
+
+def test_an_immutable_unchanged_shard_cannot_be_carried_over_and_is_named(ext4_dir, capsys):
+    """A kept chattr +i shard cannot be hard-linked into the new set (EPERM, real ext4): nothing changes."""
+    shard_dir, dest = ext4_dir / "shards", ext4_dir / "dest"
+    stage({**base(shard_dir, dest), "files": write_shards(shard_dir)}, capsys)
+    before = {n: sha(dest / n) for n in os.listdir(dest)}
+    args = {**base(shard_dir, dest), "files": change_second_shard(shard_dir)}
+    planned = call({**args, "step": "plan"}, capsys)
+    transfer(planned)
+    kept = dest / "model-00001-of-00002.safetensors"
+    with realfs.immutable(kept):
+        out = call({**args, "step": "commit", "files": commit_files(planned)}, capsys)
+        assert out["msg"] == (
+            f"{dest}: building the new set of files beside it failed (Operation not permitted: {kept} is immutable"
+            f" (chattr +i)); nothing was replaced and the transferred files were removed: if it is meant to change,"
+            f" run chattr -i {kept} and run again"
+        )
+        assert {n: sha(dest / n) for n in os.listdir(dest)} == before
+        assert sorted(os.listdir(ext4_dir)) == ["dest", "lost+found", "shards"]

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import subprocess
 
 import pytest
+import realfs
 from ansible.module_utils.safe_io import (
     UnsafeFileError,
     atomic_write,
     json_depth,
     loads_json,
+    locked_attribute,
     read_json,
     read_regular,
+    write_problem,
 )
 
 
@@ -39,6 +44,77 @@ def test_atomic_write_leaves_nothing_when_it_fails(tmp_path):
     assert (tmp_path / "f").read_text() == "old"
     with pytest.raises(UnsafeFileError, match="is not a file path"):
         atomic_write(str(tmp_path) + "/", "x")
+
+
+def test_atomic_write_on_a_full_disk_keeps_the_old_file_and_leaves_no_temp(tmpfs_dir):
+    """A real full tmpfs: the data write fails with ENOSPC after the temporary file was created."""
+    (tmpfs_dir / "f").write_text("old")
+    realfs.fill(tmpfs_dir)
+    with pytest.raises(OSError) as caught:
+        atomic_write(str(tmpfs_dir / "f"), "new" * 10000, prefix=".x-")
+    assert caught.value.errno == errno.ENOSPC
+    assert sorted(os.listdir(tmpfs_dir)) == ["f", realfs.FILLER]
+    assert (tmpfs_dir / "f").read_text() == "old"
+    assert write_problem(caught.value, str(tmpfs_dir / "f")) == (
+        "No space left on device",
+        f"free space on the filesystem of {tmpfs_dir} and run again",
+    )
+
+
+def test_atomic_write_over_an_immutable_file_keeps_it_and_leaves_no_temp(ext4_dir):
+    """A real ext4 file with chattr +i: the rename over it fails EPERM, the temporary file is removed."""
+    target = ext4_dir / "f"
+    target.write_text("old")
+    with realfs.immutable(target):
+        with pytest.raises(PermissionError) as caught:
+            atomic_write(str(target), "new", prefix=".x-")
+        assert sorted(os.listdir(ext4_dir)) == ["f", "lost+found"]
+        assert target.read_text() == "old"
+        assert write_problem(caught.value, str(target)) == (
+            f"Operation not permitted: {target} is immutable (chattr +i)",
+            f"if it is meant to change, run chattr -i {target} and run again",
+        )
+
+
+def test_locked_attribute_reads_what_chattr_set(ext4_dir, tmpfs_dir):
+    f, d = ext4_dir / "f", ext4_dir / "d"
+    f.write_text("x")
+    d.mkdir()
+    assert locked_attribute(str(f)) is None
+    with realfs.immutable(f):
+        assert locked_attribute(str(f)) == "immutable"
+    subprocess.run(["chattr", "+a", str(f)], check=True)
+    try:
+        assert locked_attribute(str(f)) == "append-only"
+    finally:
+        subprocess.run(["chattr", "-a", str(f)], check=True)
+    with realfs.immutable(d):
+        assert locked_attribute(str(d)) == "immutable"
+        with pytest.raises(PermissionError) as caught:
+            atomic_write(str(d / "new"), "x")
+        assert write_problem(caught.value, str(d / "new"))[0] == (
+            f"Operation not permitted: its directory {d} is immutable (chattr +i)"
+        )
+    (ext4_dir / "link").symlink_to(f)
+    assert locked_attribute(str(ext4_dir / "link")) is None  # never followed
+    assert locked_attribute(str(ext4_dir / "missing")) is None
+    (tmpfs_dir / "t").write_text("x")
+    assert locked_attribute(str(tmpfs_dir / "t")) is None  # tmpfs has no attributes
+
+
+def test_write_problem_names_a_read_only_filesystem_and_other_errors():
+    assert write_problem(OSError(errno.EROFS, "Read-only file system"), "/srv/m/config.json") == (
+        "Read-only file system",
+        "remount the filesystem of /srv/m read-write and run again",
+    )
+    assert write_problem(OSError(errno.EACCES, "Permission denied"), "/nonexistent/x") == (
+        "Permission denied",
+        "check the permissions of /nonexistent and run again",
+    )
+    assert write_problem(OSError(errno.EIO, "Input/output error"), "x") == (
+        "Input/output error",
+        "fix that and run again",
+    )
 
 
 def test_read_regular_refuses_symlink_fifo_directory_and_oversize(tmp_path):

@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import realfs
 import vllm_release_check
 import vllm_venv_info
 import vllm_venvs as vllm_venvs_module
@@ -398,3 +399,27 @@ def test_a_hostile_marker_counts_as_no_marker(tmp_path):
     (tmp_path / MARKER).unlink()
     os.mkfifo(tmp_path / MARKER)
     assert read_marker(str(tmp_path)) is None
+
+
+def test_vllm_venvs_names_an_immutable_file_instead_of_a_traceback(ext4_dir: Path, capsys) -> None:
+    """Regression, found on a real ext4 with chattr +i: shutil.rmtree's PermissionError was a traceback."""
+    root = ext4_dir / "opt-vllm"
+    for version, at in (("0.19.1", "a"), ("0.20.1", "b"), ("0.22.0", "c")):
+        _install(root, version, at)
+    locked = root / "0.19.1" / "lib" / "python3.11" / "site-packages" / "vllm" / "__init__.py"
+    locked.parent.mkdir(parents=True)
+    locked.write_text("")
+    args = {"root": str(root), "current": "0.22.0", "history": ["0.20.1"], "keep": 2}
+    with realfs.immutable(locked):
+        failed, result = run_module(vllm_venvs_module, args, capsys)
+        assert failed is True
+        assert result["msg"] == (
+            f"cannot remove {root / '0.19.1'}: {locked}: Operation not permitted: {locked} is immutable (chattr +i);"
+            f" it is partly removed (it is not the current venv): if it is meant to change, run chattr -i {locked}"
+            " and run again"
+        )
+        assert not (root / "0.19.1" / MARKER).exists()  # never again taken for a complete venv
+        assert [e.version for e in list_venvs(str(root)) if e.complete] == ["0.20.1", "0.22.0"]
+    failed, result = run_module(vllm_venvs_module, args, capsys)
+    assert (failed, result["removed"]) == (False, [str(root / "0.19.1")])
+    assert sorted(os.listdir(root)) == ["0.20.1", "0.22.0"]
