@@ -55,8 +55,10 @@ METHODS = {
     "ddtree16": 16,
     "ddtree32": 32,
     "ddtree64": 64,
+    "ddtree16_async": 16,
 }
 SYNC = {"chain_sync"}
+ASYNC = {"ddtree16_async"}  # DDTree schedules synchronously unless asked
 TREE_BACKEND = {"target_tree"}
 BATCHES = (1, 8)
 CONTEXTS = (512, 8192)
@@ -256,6 +258,8 @@ def run_case(shape: str, method: str, root: Path, tokens: int, profile: Path | N
     kw["compilation_config"] = {"max_cudagraph_capture_size": graph_tokens(budget, max(BATCHES))}
     if method in SYNC:
         kw["async_scheduling"] = False
+    if method in ASYNC:
+        kw["async_scheduling"] = True
     if method in TREE_BACKEND:
         kw["attention_backend"] = "TREE_ATTN"
     if profile is not None:

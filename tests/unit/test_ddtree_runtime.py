@@ -365,3 +365,23 @@ def test_kept_trees_are_bounded_by_one_batch(dd):
     rt.build(DRAFT_LOGITS[:1], ["c"])
     assert list(rt._stored.req_index) == ["c", "a"]  # b's tree is dropped: one batch of waiting trees
     assert rt._stored.parent.shape[0] == 2
+
+
+def test_under_async_scheduling_only_requests_of_the_last_step_use_their_trees(dd):
+    step = Step(dd)
+    step.rt.overlapped = True
+    step.rt.build(DRAFT_LOGITS[1:], ["b"])  # a skipped a step: under async it returns with placeholders
+    assert list(step.rt._stored.req_index) == ["b"]  # so its tree is not kept
+    step.rt.build(DRAFT_LOGITS, ["a", "b"])
+    step.rt.prepare_step(
+        ["b", "c", "a"],
+        step.num_draft,
+        step.qsl,
+        step.num_computed,
+        step.req_indices,
+        step.query_pos,
+        step.positions,
+        from_last_step=[True, False, False],  # a was not in the last step: its drafts are placeholders
+    )
+    assert step.rt._step.has_tree.tolist() == [True, False, False]
+    assert step.rt._step.has_drafts.tolist() == [True, False, True]  # still verified, as a star

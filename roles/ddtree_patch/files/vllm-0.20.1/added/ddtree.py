@@ -158,13 +158,17 @@ class DDTreeRuntime:
         device: torch.device,
         max_num_reqs: int,
         max_num_tokens: int,
+        overlapped: bool = False,
     ):
+        """``overlapped``: async scheduling, where a request the scheduler skipped
+        for a step comes back with placeholder drafts, so its tree is not kept."""
         global _RUNTIME
         if budget < depth:
             raise ValueError(f"ddtree budget {budget} < drafter depth {depth}")
         self.budget = budget
         self.depth = depth
         self.device = device
+        self.overlapped = overlapped
         self._stored: _StoredTrees | None = None
         self._step: _StepTrees | None = None
         self._warned: set[str] = set()
@@ -207,7 +211,7 @@ class DDTreeRuntime:
         index = {rid: i for i, rid in enumerate(req_ids[: draft_logits.shape[0]])}
         parent, depth, mask = trees.parent, trees.depth, trees.ancestor_mask
         old = self._stored
-        if old is not None:
+        if old is not None and not self.overlapped:
             waiting = [(rid, i) for rid, i in old.req_index.items() if rid not in index]
             waiting = waiting[: self.attn_bias.shape[0]]
             if waiting:
@@ -237,8 +241,12 @@ class DDTreeRuntime:
         query_pos: torch.Tensor,
         positions: torch.Tensor,
         mrope_positions: torch.Tensor | None = None,
+        from_last_step: list[bool] | None = None,
     ) -> None:
         """Give draft tokens depth-based positions and set the per-request bias.
+
+        ``from_last_step`` (async scheduling): which requests were in the last
+        step, the only ones whose drafts are that step's tree tokens.
 
         ``positions`` (the runner's buffer, already used for slot mapping) is
         updated in place for the tokens of requests with drafts, and so is
@@ -257,6 +265,8 @@ class DDTreeRuntime:
         rows_cpu = torch.tensor(rows, dtype=torch.int64)
         has_drafts_cpu = n_draft_cpu > 0
         has_tree_cpu = has_drafts_cpu & (rows_cpu >= 0)
+        if from_last_step is not None:
+            has_tree_cpu &= torch.tensor(from_last_step[:num_reqs], dtype=torch.bool)
         if bool((has_drafts_cpu & ~has_tree_cpu).any()):
             self._warn_once(
                 "no-tree",
