@@ -76,7 +76,7 @@ class Step:
         self.seq_positions = self.positions.clone()
         self.input_ids = torch.tensor([7, *self.tokens[1], 4, 5, 6, 9, *self.tokens[0][:drafts_a]])
 
-    def prepare(self, req_ids=("b", "c", "a")):
+    def prepare(self, req_ids=("b", "c", "a"), **kw):
         self.rt.prepare_step(
             list(req_ids),
             self.num_draft,
@@ -85,6 +85,7 @@ class Step:
             self.req_indices,
             self.query_pos,
             self.positions,
+            **kw,
         )
 
 
@@ -215,16 +216,7 @@ def test_mrope_rows_get_the_depth_positions_and_parent_rows_are_published(dd):
     # Text tokens: the three rows equal the position plus the request's M-RoPE delta (here 100).
     mrope = (step.positions + 100).repeat(3, 1)
     before = mrope.clone()
-    step.rt.prepare_step(
-        ["b", "c", "a"],
-        step.num_draft,
-        step.qsl,
-        step.num_computed,
-        step.req_indices,
-        step.query_pos,
-        step.positions,
-        mrope_positions=mrope,
-    )
+    step.prepare(mrope_positions=mrope)
     want = [110, 111, 112, 111, 112, 100, 101, 102, 120, 121, 122, 121, 122]
     assert mrope.tolist() == [want] * 3
     # Parent rows within each request (-1 for the root; the prefill c continues row by row).
@@ -373,15 +365,6 @@ def test_under_async_scheduling_only_requests_of_the_last_step_use_their_trees(d
     step.rt.build(DRAFT_LOGITS[1:], ["b"])  # a skipped a step: under async it returns with placeholders
     assert list(step.rt._stored.req_index) == ["b"]  # so its tree is not kept
     step.rt.build(DRAFT_LOGITS, ["a", "b"])
-    step.rt.prepare_step(
-        ["b", "c", "a"],
-        step.num_draft,
-        step.qsl,
-        step.num_computed,
-        step.req_indices,
-        step.query_pos,
-        step.positions,
-        from_last_step=[True, False, False],  # a was not in the last step: its drafts are placeholders
-    )
+    step.prepare(from_last_step=[True, False, False])  # a was not in the last step: placeholder drafts
     assert step.rt._step.has_tree.tolist() == [True, False, False]
     assert step.rt._step.has_drafts.tolist() == [True, False, True]  # still verified, as a star
