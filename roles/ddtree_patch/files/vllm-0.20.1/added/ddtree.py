@@ -273,15 +273,18 @@ class DDTreeRuntime:
                 "DDTree: some requests carry draft tokens without a tree; "
                 "they are verified as rejected (no speed-up, output unchanged).",
             )
-        n_draft = n_draft_cpu.to(device, non_blocking=True)
-        has_drafts = has_drafts_cpu.to(device, non_blocking=True)
-        has_tree = has_tree_cpu.to(device, non_blocking=True)
+        # The host facts in one copy, from pinned memory where there is a GPU:
+        # a copy from pageable memory may make the host wait for the stream.
+        host = torch.stack([n_draft_cpu, has_drafts_cpu.long(), has_tree_cpu.long(), rows_cpu.clamp(min=0)])
+        if device.type == "cuda":
+            host = host.pin_memory()
+        facts = host.to(device, non_blocking=True)
+        n_draft, has_drafts, has_tree, idx = facts[0], facts[1].bool(), facts[2].bool(), facts[3]
 
         parent = self._star_parent.expand(num_reqs, n).clone()
         depth = self._star_depth.expand(num_reqs, n).clone()
         mask = self._star_mask.expand(num_reqs, n + 1, n + 1).clone()
         if stored is not None and bool(has_tree_cpu.any()):
-            idx = rows_cpu.clamp(min=0).to(device, non_blocking=True)
             sel = has_tree.view(-1, 1)
             parent = torch.where(sel, stored.parent.index_select(0, idx), parent)
             depth = torch.where(sel, stored.depth.index_select(0, idx), depth)
@@ -392,14 +395,15 @@ class DDTreeRuntime:
         n = self.budget
         num_reqs = step.num_reqs
         device = logits.device
-        counts = torch.tensor([d + 1 for d in num_draft_tokens], dtype=torch.int64)
-        row_req_cpu = torch.repeat_interleave(torch.arange(num_reqs), counts)
-        row_req = row_req_cpu.to(device, non_blocking=True)
+        # Each request's rows (its root, then its drafts), derived on the GPU:
+        # the row count is known on the host, so no copy and no wait.
+        counts = step.num_drafts + 1
+        rows = sum(num_draft_tokens) + num_reqs
+        row_req = torch.repeat_interleave(torch.arange(num_reqs, device=device), counts, output_size=rows)
         choices = self._target_choices(logits, row_req, sampling_metadata)
 
         # [root] + nodes layout per request, -1 past the request's drafts.
-        cu = torch.cumsum(counts, 0) - counts
-        starts = cu.to(device, non_blocking=True)
+        starts = torch.cumsum(counts, 0) - counts
         entry = self._node_ids.view(1, -1)  # [1, N+1]
         valid = entry <= step.num_drafts.view(-1, 1)
         flat = (starts.view(-1, 1) + entry).clamp(max=choices.shape[0] - 1)
