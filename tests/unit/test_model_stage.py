@@ -680,6 +680,17 @@ def change_second_shard(shard_dir):
     return [manifest(p, p.name) for p in sorted(shard_dir.iterdir())]
 
 
+def staged_shard_change(shard_dir, dest, capsys):
+    """A staged two-shard set whose second shard then changes, planned and transferred but not
+    committed: the commit's args, the plan and the digests of what dest held before."""
+    stage({**base(shard_dir, dest), "files": write_shards(shard_dir)}, capsys)
+    before = {n: sha(dest / n) for n in os.listdir(dest)}
+    args = {**base(shard_dir, dest), "files": change_second_shard(shard_dir)}
+    planned = call({**args, "step": "plan"}, capsys)
+    transfer(planned)
+    return args, planned, before
+
+
 def test_a_changed_shard_set_is_swapped_in_whole_and_config_json_stays(tmp_path, capsys):
     shard_dir, dest = tmp_path / "shards", tmp_path / "dest"
     stage({**base(shard_dir, dest), "files": write_shards(shard_dir)}, capsys)
@@ -978,11 +989,7 @@ def test_a_full_disk_at_the_commit_names_what_was_placed_and_the_next_run_recove
 def test_a_full_disk_while_building_a_shard_set_leaves_the_old_set_and_nothing_beside_it(tmpfs_dir, capsys):
     """Regression: the half-built staging directory stayed beside dest after an ENOSPC (real tmpfs)."""
     shard_dir, dest = tmpfs_dir.parent / "shards", tmpfs_dir / "dest"
-    stage({**base(shard_dir, dest), "files": write_shards(shard_dir)}, capsys)
-    before = {n: sha(dest / n) for n in os.listdir(dest)}
-    args = {**base(shard_dir, dest), "files": change_second_shard(shard_dir)}
-    planned = call({**args, "step": "plan"}, capsys)
-    transfer(planned)
+    args, planned, before = staged_shard_change(shard_dir, dest, capsys)
     realfs.fill(tmpfs_dir)
     out = call({**args, "step": "commit", "files": commit_files(planned)}, capsys)
     assert out["msg"] == (
@@ -1017,11 +1024,7 @@ def test_an_immutable_weights_file_is_not_replaced_and_is_named(src, ext4_dir, c
 def test_an_immutable_shard_stops_the_set_swap_before_anything_moves(ext4_dir, capsys):
     """The directory swap would replace a chattr +i shard anyway and then fail to remove the old set: refused."""
     shard_dir, dest = ext4_dir / "shards", ext4_dir / "dest"
-    stage({**base(shard_dir, dest), "files": write_shards(shard_dir)}, capsys)
-    before = {n: sha(dest / n) for n in os.listdir(dest)}
-    args = {**base(shard_dir, dest), "files": change_second_shard(shard_dir)}
-    planned = call({**args, "step": "plan"}, capsys)
-    transfer(planned)
+    args, planned, before = staged_shard_change(shard_dir, dest, capsys)
     locked = dest / "model-00002-of-00002.safetensors"
     with realfs.immutable(locked):
         out = call({**args, "step": "commit", "files": commit_files(planned)}, capsys)
@@ -1035,11 +1038,7 @@ def test_an_immutable_shard_stops_the_set_swap_before_anything_moves(ext4_dir, c
 def test_an_immutable_unchanged_shard_cannot_be_carried_over_and_is_named(ext4_dir, capsys):
     """A kept chattr +i shard cannot be hard-linked into the new set (EPERM, real ext4): nothing changes."""
     shard_dir, dest = ext4_dir / "shards", ext4_dir / "dest"
-    stage({**base(shard_dir, dest), "files": write_shards(shard_dir)}, capsys)
-    before = {n: sha(dest / n) for n in os.listdir(dest)}
-    args = {**base(shard_dir, dest), "files": change_second_shard(shard_dir)}
-    planned = call({**args, "step": "plan"}, capsys)
-    transfer(planned)
+    args, planned, before = staged_shard_change(shard_dir, dest, capsys)
     kept = dest / "model-00001-of-00002.safetensors"
     with realfs.immutable(kept):
         out = call({**args, "step": "commit", "files": commit_files(planned)}, capsys)
