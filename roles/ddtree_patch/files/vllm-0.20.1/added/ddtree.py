@@ -275,11 +275,12 @@ class DDTreeRuntime:
             )
         # The host facts in one copy, from pinned memory where there is a GPU:
         # a copy from pageable memory may make the host wait for the stream.
-        host = torch.stack([n_draft_cpu, has_drafts_cpu.long(), has_tree_cpu.long(), rows_cpu.clamp(min=0)])
+        host = torch.stack([n_draft_cpu, has_tree_cpu.long(), rows_cpu.clamp(min=0)])
         if device.type == "cuda":
             host = host.pin_memory()
         facts = host.to(device, non_blocking=True)
-        n_draft, has_drafts, has_tree, idx = facts[0], facts[1].bool(), facts[2].bool(), facts[3]
+        n_draft, has_tree, idx = facts[0], facts[1].bool(), facts[2]
+        has_drafts = n_draft > 0
 
         parent = self._star_parent.expand(num_reqs, n).clone()
         depth = self._star_depth.expand(num_reqs, n).clone()
