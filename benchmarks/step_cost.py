@@ -57,9 +57,12 @@ METHODS = {
     "ddtree64": 64,
     "ddtree16_async": 16,
 }
-SYNC = {"chain_sync"}
-ASYNC = {"ddtree16_async"}  # DDTree schedules synchronously unless asked
-TREE_BACKEND = {"target_tree"}
+# The engine settings a method adds to its budget's (DDTree schedules synchronously unless asked).
+ENGINE_ARGS = {
+    "target_tree": {"attention_backend": "TREE_ATTN"},
+    "chain_sync": {"async_scheduling": False},
+    "ddtree16_async": {"async_scheduling": True},
+}
 BATCHES = (1, 8)
 CONTEXTS = (512, 8192)
 START_S = {"8b": 120, "27b": 215}  # start-up with compilation, measured on an H200 (8B: 97 s chain, 141 s DDTree)
@@ -256,12 +259,7 @@ def run_case(shape: str, method: str, root: Path, tokens: int, profile: Path | N
         kw["additional_config"] = {"gdn_prefill_backend": "triton"}
     budget = METHODS[method]
     kw["compilation_config"] = {"max_cudagraph_capture_size": graph_tokens(budget, max(BATCHES))}
-    if method in SYNC:
-        kw["async_scheduling"] = False
-    if method in ASYNC:
-        kw["async_scheduling"] = True
-    if method in TREE_BACKEND:
-        kw["attention_backend"] = "TREE_ATTN"
+    kw.update(ENGINE_ARGS.get(method, {}))
     if profile is not None:
         # The scopes step_profile.py splits a step by; read when vLLM starts.
         os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
