@@ -509,8 +509,8 @@ def cmd_gen(a: argparse.Namespace) -> int:
         kw["speculative_config"] = sc
     if a.backend:
         kw["attention_backend"] = a.backend
-    if a.async_scheduling:
-        kw["async_scheduling"] = True
+    if a.sync_scheduling:
+        kw["async_scheduling"] = False
     t0 = time.time()
     llm = LLM(**kw)
     init_s = time.time() - t0
@@ -621,12 +621,12 @@ def hybrid_runs(with_ddtree: bool) -> dict[str, tuple[list[str], int]]:
             runs[f"hy_{n}_{dt}"] = ([*a, "--hybrid", "--max-tokens", str(GEN_TOKENS), "--dtype", dt], 0)
         runs[f"hy_{n}_graphs_bf16"] = ([*a, "--hybrid", "--max-tokens", str(GEN_TOKENS), "--graphs"], 1)
     if with_ddtree:
-        # DDTree under async scheduling (opt-in): the recurrent layers must resume from the
-        # committed path, not from the accepted count the async runner writes.
-        async_b = HY_DDTREE[f"ddtree_b{2 * DEPTH}"] + ["--async-scheduling"]
-        runs[f"hy_ddtree_b{2 * DEPTH}_async_bf16"] = ([*async_b, "--hybrid", "--max-tokens", str(GEN_TOKENS)], 0)
-        runs[f"hy_ddtree_b{2 * DEPTH}_async_graphs_bf16"] = (
-            [*async_b, "--hybrid", "--max-tokens", str(GEN_TOKENS), "--graphs"],
+        # DDTree schedules asynchronously by default; synchronous scheduling (--no-async-scheduling)
+        # takes the other path through the runner, so it is proven too.
+        sync_b = HY_DDTREE[f"ddtree_b{2 * DEPTH}"] + ["--sync-scheduling"]
+        runs[f"hy_ddtree_b{2 * DEPTH}_sync_bf16"] = ([*sync_b, "--hybrid", "--max-tokens", str(GEN_TOKENS)], 0)
+        runs[f"hy_ddtree_b{2 * DEPTH}_sync_graphs_bf16"] = (
+            [*sync_b, "--hybrid", "--max-tokens", str(GEN_TOKENS), "--graphs"],
             1,
         )
         runs["hy_ddtree_sampled_b14"] = (
@@ -779,7 +779,7 @@ def main() -> int:
     s.add_argument("--max-tokens", type=int, default=64)
     s.add_argument("--temperature", type=float, default=0.0)
     s.add_argument("--graphs", action="store_true")
-    s.add_argument("--async-scheduling", action="store_true", help="DDTree is synchronous unless asked")
+    s.add_argument("--sync-scheduling", action="store_true", help="schedule synchronously (default: async)")
     s.add_argument("--hybrid", action="store_true", help="the target is a Qwen3.5/3.6 hybrid")
     s.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     s = sub.add_parser("driver")
