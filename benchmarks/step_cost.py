@@ -20,8 +20,9 @@ tests/fakes/target_model.py (the real layout).
     python3 benchmarks/step_cost.py run --shapes 8b --out /tmp/steps   # needs vLLM 0.20.1 + the change set
     python3 benchmarks/step_cost.py table /tmp/steps                   # the table, ratios to the chain
 
-A 27B case starts in about 3.5 minutes (compilation), an 8B case in about two minutes, so one
-10-minute call holds three 8B cases or two 27B cases: ``plan`` splits them into calls.
+A 27B case starts in about 4.5 minutes with cold caches (compilation and warm-up), an 8B case in
+about two minutes, so one 10-minute call holds three 8B cases or one 27B case: ``plan`` splits them
+into calls. Repeat starts on the same machine read the compilation caches and take under a minute.
 """
 
 from __future__ import annotations
@@ -65,8 +66,11 @@ ENGINE_ARGS = {
 }
 BATCHES = (1, 8)
 CONTEXTS = (512, 8192)
-START_S = {"8b": 120, "27b": 215}  # start-up with compilation, measured on an H200 (8B: 97 s chain, 141 s DDTree)
-RUN_S = 50  # the four (batch, context) pairs of one case, measured on an H200 (8B shapes)
+# Start-up with compilation on a machine with cold caches, measured on an H200: 8B 97 s chain, 141 s
+# DDTree; 27B DDTree 265 s (compilation 126 s, warm-up 97 s). A repeat start on the same machine reads
+# vLLM's and Triton's caches under ~/.cache and takes about 40 s.
+START_S = {"8b": 120, "27b": 270}
+RUN_S = 55  # the four (batch, context) pairs of one case, measured on an H200 (50 s at 8B, 55 s at 27B)
 CALL_S = 560  # what one 10-minute call leaves for cases
 
 
@@ -174,6 +178,11 @@ def plan(shapes: list[str], methods: list[str]) -> list[list[tuple[str, str]]]:
             calls[-1].append((shape, method))
             used += per_case
     return calls
+
+
+def case_timeout_s(shape: str) -> int:
+    """How long one case may take before it is killed: its cold start-up and its run, with room."""
+    return START_S[shape] + 2 * RUN_S
 
 
 def decode_ms_per_step(first_token_ts: list[float], last_token_ts: list[float], steps: float) -> float:
@@ -334,7 +343,7 @@ def main() -> int:
     s = sub.choices["run"]
     s.add_argument("--out", required=True, type=Path)
     s.add_argument("--tokens", type=int, default=128)
-    s.add_argument("--case-timeout", type=int, default=200, help="seconds one case may take, start-up included")
+    s.add_argument("--case-timeout", type=int, help="seconds one case may take, start-up included (default: by shape)")
     s.add_argument("--profile", action="store_true", help="also profile each case (scopes on for every step)")
     s = sub.add_parser("case")
     s.add_argument("shape")
@@ -370,13 +379,14 @@ def main() -> int:
                 if a.profile:
                     cmd += ["--profile", str(a.out / "profile")]
                 # A case that hangs (a budget too large for the step) must not eat the call's other cases.
+                timeout = a.case_timeout or case_timeout_s(shape)
                 with log.open("w") as f:
                     try:
                         rc = subprocess.run(
-                            cmd, stdout=f, stderr=subprocess.STDOUT, env=os.environ, timeout=a.case_timeout
+                            cmd, stdout=f, stderr=subprocess.STDOUT, env=os.environ, timeout=timeout
                         ).returncode
                     except subprocess.TimeoutExpired:
-                        rc = f"timed out after {a.case_timeout} s"
+                        rc = f"timed out after {timeout} s"
                 print(f"{shape}/{method}: rc={rc}", flush=True)
         a.dir = a.out
     results = load_results(a.dir)
