@@ -158,7 +158,9 @@ def test_a_slow_start_prints_a_few_progress_lines_and_no_retry_lines(tmp_path, s
     assert "RETRYING" not in res.stdout
     got = result_of(res)
     assert got["healthy"] is True
-    assert got["polls"] >= 6
+    # Polled more than once, and never faster than poll_s (each poll is a module run: on a loaded
+    # machine a poll takes over a second, so the count within the 7 s varies).
+    assert 2 <= got["polls"] <= got["waited_s"] + 1
     # One phase, seen at the first poll (its second can read 1 on a loaded machine).
     assert [p["phase"] for p in got["phases"]] == ["starting"]
     assert got["phases"][0]["after_s"] <= 2
