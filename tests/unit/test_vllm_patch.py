@@ -280,6 +280,48 @@ def test_an_immutable_file_halfway_puts_every_file_back_and_names_it(ext4_dir, p
     assert run_module({"venv": str(venv), "changeset_root": ROOT}, capsys)["changed"] is True
 
 
+def test_a_disk_filling_up_halfway_puts_every_file_back_and_the_next_run_applies(tmpfs_dir, pristine_files, capsys):
+    """A real tmpfs left with room for the first writes but not for gpu_model_runner.py (the largest file,
+    ninth): the kernel's ENOSPC comes after eight files are replaced. Every file is put back, no temp or
+    record stays, the message names the file and the remedy; with space freed the next run applies."""
+    venv = make_venv(tmpfs_dir, pristine_files)
+    site = site_of(venv)
+    files = tree(venv)
+    changing = [a for a in cs.plan(changeset(), str(site), cs.PRESENT).actions if a.changes]
+    k = max(range(len(changing)), key=lambda i: len(changing[i].after or b""))
+    assert k >= 3, "the largest file must come after others for the disk to fill up halfway"
+
+    def pages(data: bytes | None) -> int:
+        return -(-len(data or b"") // 4096)
+
+    # tmpfs counts whole pages; an atomic write needs the new file's pages while the old one still exists.
+    used, room = 0, 0
+    for action in changing[:k]:
+        room = max(room, used + pages(action.after))
+        used += pages(action.after) - pages(action.before)
+    room += 4  # slack for the pages rounding
+    assert room < used + pages(changing[k].after)
+    filler = realfs.fill(tmpfs_dir)
+    os.truncate(filler, filler.stat().st_size - room * 4096)
+    assert room * 4096 <= realfs.free_bytes(tmpfs_dir) < (used + pages(changing[k].after)) * 4096
+
+    failing = site / changing[k].path
+    out = run_module({"venv": str(venv), "changeset_root": ROOT}, capsys)
+    assert out["failed"] is True
+    assert out["msg"] == (
+        f"Writing {failing} failed (No space left on device), every file was put back as it was: free space on the"
+        f" filesystem of {failing.parent} and run again"
+    )
+    pristine = {name: hashlib.sha256(pristine_files[name]).hexdigest() for name in TOUCHED}
+    assert {name: digest for name, (digest, _) in snapshot(site).items()} == pristine
+    assert tree(venv) == files  # no temporary file, no added file, no record
+    filler.unlink()
+    assert run_module({"venv": str(venv), "changeset_root": ROOT}, capsys)["changed"] is True
+    patched = {c.path: c.patched_sha256 for c in changeset().files}
+    assert {name: digest for name, (digest, _) in snapshot(site).items()} == patched
+    assert (venv / cs.RECORD_NAME).exists()
+
+
 def test_corrupt_changeset_is_refused(tmp_path):
     root = tmp_path / "files"
     (root / "vllm-0.20.1").mkdir(parents=True)
