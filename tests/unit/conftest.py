@@ -41,3 +41,10 @@ def ext4_dir(tmp_path) -> Iterator[Path]:
     """A real 16 MiB ext4 filesystem, loop-mounted (``chattr +i`` works there, not on tmpfs); always unmounted."""
     with contextlib.ExitStack() as stack:
         yield _mount_or_skip(stack, realfs.ext4(tmp_path / "ext4", tmp_path / "ext4.img", "16M"))
+
+
+@pytest.fixture
+def fuse_dir(tmp_path) -> Iterator[Path]:
+    """A real 16 MiB ext4 image served through FUSE (fuse2fs): RENAME_EXCHANGE answers EINVAL; always unmounted."""
+    with contextlib.ExitStack() as stack:
+        yield _mount_or_skip(stack, realfs.fuse_ext4(tmp_path / "fuse", tmp_path / "fuse.img", "16M"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import grp
 import json
@@ -516,27 +515,19 @@ def test_exchange_paths_swaps_two_directories(tmp_path):
         exchange_paths(str(a), str(tmp_path / "missing"))
 
 
-def unsupported(a, b):
-    """A filesystem without RENAME_EXCHANGE (NFS, for one) answers EINVAL.
-
-    Stays simulated: tmpfs and ext4, the filesystems this machine can mount for a test, both support
-    the exchange, and no NFS server exists here (realfs covers the full-disk and immutable cases).
-    """
-    raise OSError(errno.EINVAL, "Invalid argument", a, None, b)
-
-
-def test_check_exchange_refuses_a_filesystem_that_cannot_swap_and_leaves_nothing(tmp_path):
-    dest = tmp_path / "drafter"
+def test_check_exchange_refuses_a_filesystem_that_cannot_swap_and_leaves_nothing(tmp_path, fuse_dir):
+    """A real filesystem without RENAME_EXCHANGE: the kernel's FUSE side answers EINVAL (fuse2fs, as NFS does)."""
+    check_exchange(str(tmp_path / "drafter"))  # a filesystem that can, for contrast
+    dest = fuse_dir / "drafter"
     dest.mkdir()
-    check_exchange(str(dest))
     with pytest.raises(StageError) as exc:
-        check_exchange(str(dest), exchange=unsupported)
+        check_exchange(str(dest))
     assert str(exc.value).startswith(
-        f"{dest}: the {mount_of(str(tmp_path), Path('/proc/self/mountinfo').read_text())[1]} filesystem mounted at "
+        f"{dest}: the fuse.ext4 filesystem mounted at {fuse_dir} cannot swap two directories in one step (renameat2"
+        " RENAME_EXCHANGE: Invalid argument), so a set of several files cannot be replaced atomically there;"
+        " nothing was replaced."
     )
-    assert "cannot swap two directories in one step (renameat2 RENAME_EXCHANGE: Invalid argument)" in str(exc.value)
-    assert "nothing was replaced" in str(exc.value)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]
+    assert sorted(p.name for p in fuse_dir.iterdir()) == ["drafter", "lost+found"]
 
 
 @pytest.mark.skipif(not os.path.ismount("/dev/shm"), reason="needs /dev/shm mounted on its own")
@@ -648,12 +639,13 @@ def test_a_failure_while_building_the_set_leaves_the_old_set(tmp_path):
     assert listing(dest) == OLD
 
 
-def test_a_filesystem_without_exchange_changes_nothing(tmp_path):
-    dest, new = old_set(tmp_path)
+def test_a_filesystem_without_exchange_changes_nothing(fuse_dir):
+    """replace_set on a real filesystem answering EINVAL to RENAME_EXCHANGE (fuse2fs): the old set stays whole."""
+    dest, new = old_set(fuse_dir)
     with pytest.raises(StageError, match="cannot swap two directories in one step"):
-        replace_set(str(dest), new, os.getuid(), os.getgid(), 0o750, exchange=unsupported)
+        replace_set(str(dest), new, os.getuid(), os.getgid(), 0o750)
     assert listing(dest) == OLD
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]
+    assert sorted(p.name for p in fuse_dir.iterdir()) == ["drafter", "lost+found"]
 
 
 def write_shards(where, second_rows=2):
@@ -747,13 +739,15 @@ def test_a_run_killed_between_building_and_swapping_is_finished_by_the_next(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dest", "shards"]
 
 
-def test_a_plan_refuses_a_set_where_it_cannot_be_swapped_before_transferring(tmp_path, capsys, monkeypatch):
-    shard_dir, dest = tmp_path / "shards", tmp_path / "dest"
+def test_a_plan_refuses_a_set_where_it_cannot_be_swapped_before_transferring(tmp_path, fuse_dir, capsys):
+    """dest on a real filesystem without RENAME_EXCHANGE (fuse2fs, EINVAL): refused at the plan, nothing made."""
+    shard_dir, dest = tmp_path / "shards", fuse_dir / "dest"
     args = {**base(shard_dir, dest), "files": write_shards(shard_dir)}
-    monkeypatch.setattr(safetensors_stage, "check_exchange", lambda d: check_exchange(d, exchange=unsupported))
     out = call({**args, "step": "plan"}, capsys)
-    assert "cannot swap two directories in one step" in out["msg"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"]
+    assert out["failed"] is True
+    assert "fuse.ext4 filesystem mounted at" in out["msg"]
+    assert "cannot swap two directories in one step (renameat2 RENAME_EXCHANGE: Invalid argument)" in out["msg"]
+    assert sorted(p.name for p in fuse_dir.iterdir()) == ["lost+found"]
 
 
 def test_a_single_file_is_still_replaced_by_one_rename(src, tmp_path, capsys):

@@ -35,6 +35,26 @@ def test_a_filled_ext4_refuses_one_more_byte_and_immutable_refuses_a_rename(ext4
     assert caught.value.errno == errno.ENOSPC
 
 
+def test_a_read_only_remount_answers_erofs_and_is_writable_again_after(ext4_dir):
+    (ext4_dir / "f").write_text("old\n")
+    with realfs.read_only(ext4_dir), pytest.raises(OSError) as caught:
+        (ext4_dir / "new").write_text("x")
+    assert caught.value.errno == errno.EROFS
+    (ext4_dir / "new").write_text("x")
+
+
+def test_fuse2fs_refuses_rename_exchange_with_einval(fuse_dir):
+    from ansible.module_utils.model_stage import exchange_paths
+
+    (fuse_dir / "a").mkdir()
+    (fuse_dir / "b").mkdir()
+    with pytest.raises(OSError) as caught:
+        exchange_paths(str(fuse_dir / "a"), str(fuse_dir / "b"))
+    assert caught.value.errno == errno.EINVAL
+    os.rename(fuse_dir / "a", fuse_dir / "c")  # a plain rename works there
+    assert sorted(os.listdir(fuse_dir)) == ["b", "c", "lost+found"]
+
+
 def test_the_mounts_are_gone_after_the_fixtures(tmp_path):
     # The fixtures above mounted under their own tmp_path; none of pytest's base directory is still a mount.
     base = tmp_path.parent.parent
