@@ -591,10 +591,17 @@ def follow(module: AnsibleModule) -> dict[str, Any]:
     return {"changed": False, "prehashed": prehashed}
 
 
-def _remove_temps(files: list[dict[str, Any]]) -> None:
+def _remove_temps(files: list[dict[str, Any]]) -> list[str]:
+    """Remove the transferred temporary files; the ones that could not be (a read-only filesystem) are returned."""
+    left = []
     for f in files:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(f["temp"])
+        except FileNotFoundError:
+            pass
+        except OSError:
+            left.append(f["temp"])
+    return left
 
 
 def _open_temp(f: dict[str, Any]) -> int:
@@ -768,12 +775,25 @@ def _commit(
 
     changed = False
     transfers = [f for f in transfers if not f.get("done")]
-    for f in transfers:
-        os.fchown(fds[f["name"]], uid, gid)
-        os.fchmod(fds[f["name"]], file_mode)
-    for f in by_kind["keep"]:
-        path = os.path.join(dest, f["name"])
-        changed = _fix_attrs(path, uid, gid, file_mode) or changed
+    path = dest
+    try:
+        for f in transfers:
+            path = f["temp"]
+            os.fchown(fds[f["name"]], uid, gid)
+            os.fchmod(fds[f["name"]], file_mode)
+        for f in by_kind["keep"]:
+            path = os.path.join(dest, f["name"])
+            changed = _fix_attrs(path, uid, gid, file_mode) or changed
+    except OSError as exc:
+        # Before anything is replaced (a read-only remount shows first here, as fchown needs a write).
+        left = _remove_temps(transfers)
+        problem, remedy = write_problem(exc, path)
+        removed = (
+            " (the transferred files stay for the next run)" if left else " and the transferred files were removed"
+        )
+        raise StageError(
+            f"{path}: setting its owner and mode failed ({problem}); nothing was replaced{removed}: {remedy}"
+        ) from None
     write_index = False
     if by_kind["generate_index"] and index_text is not None:
         path = os.path.join(dest, INDEX_NAME)

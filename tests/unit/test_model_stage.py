@@ -1043,3 +1043,47 @@ def test_an_immutable_unchanged_shard_cannot_be_carried_over_and_is_named(ext4_d
         )
         assert {n: sha(dest / n) for n in os.listdir(dest)} == before
         assert sorted(os.listdir(ext4_dir)) == ["dest", "lost+found", "shards"]
+
+
+def test_a_read_only_filesystem_at_the_commit_is_named_and_nothing_is_replaced(src, ext4_dir, capsys):
+    """Regression: dest remounted read-only after the transfer (real ext4) failed in fchown with a message naming
+    only dest ("dest: Read-only file system (dest)"). Now the temp is named, with the remedy; nothing changes."""
+    dest = ext4_dir / "dest"
+    args = {**base(src, dest), "files": [manifest(src)]}
+    stage(args, capsys)
+    old = sha(dest / "model.safetensors")
+    os.utime(src, (7, 7))
+    args = {**base(src, dest), "files": [manifest(src)]}
+    planned = call({**args, "step": "plan"}, capsys)
+    transfer(planned)
+    listed = names(dest)
+    with realfs.read_only(ext4_dir):
+        out = call({**args, "step": "commit", "files": commit_files(planned)}, capsys)
+        temp = planned["transfers"][0]["temp"]
+        assert out["msg"] == (
+            f"{temp}: setting its owner and mode failed (Read-only file system); nothing was replaced (the"
+            f" transferred files stay for the next run): remount the filesystem of {dest} read-write and run again"
+        )
+        assert sha(dest / "model.safetensors") == old
+        assert names(dest) == listed
+    _, done = stage(args, capsys)
+    assert done.get("failed") is None, done
+
+
+def test_a_read_only_filesystem_while_swapping_a_shard_set_leaves_the_old_set(ext4_dir, capsys):
+    """dest remounted read-only before a shard set is built beside it (real ext4, EROFS): the old set stays."""
+    shard_dir, dest = ext4_dir.parent / "shards", ext4_dir / "dest"
+    args, planned, before = staged_shard_change(shard_dir, dest, capsys)
+    listed, held = sorted(os.listdir(ext4_dir)), {n: sha(dest / n) for n in os.listdir(dest)}
+    assert {n: d for n, d in held.items() if not n.startswith(".model_stage-")} == before
+    with realfs.read_only(ext4_dir):
+        out = call({**args, "step": "commit", "files": commit_files(planned)}, capsys)
+        [temp] = [t["temp"] for t in planned["transfers"]]
+        assert out["msg"] == (
+            f"{temp}: setting its owner and mode failed (Read-only file system); nothing was replaced (the"
+            f" transferred files stay for the next run): remount the filesystem of {dest} read-write and run again"
+        )
+        assert {n: sha(dest / n) for n in os.listdir(dest)} == held
+        assert sorted(os.listdir(ext4_dir)) == listed
+    _, done = stage(args, capsys)
+    assert done["swapped"] is True
