@@ -307,3 +307,21 @@ def test_an_immutable_config_is_named_with_its_remedy_and_survives(lab, ext4_dir
     out = run(dflash_config, args(drafter, target), capsys)
     assert out["changed"] is True, out
     assert listing(drafter) == ["config.json", "model.safetensors"]
+
+
+@pytest.mark.parametrize("backup", [False, True])
+def test_a_read_only_filesystem_is_named_with_its_remedy_and_changes_nothing(lab, ext4_dir, capsys, backup):
+    """The drafter's filesystem remounted read-only (real ext4, EROFS): named, the remedy given, nothing changed."""
+    drafter, target = drafter_on(ext4_dir, lab[1])
+    dest = drafter / "config.json"
+    with realfs.read_only(ext4_dir):
+        out = run(dflash_config, {**args(drafter, target), "backup": backup}, capsys)
+        assert out["failed"] is True
+        assert out["msg"] == (
+            f"cannot write {dest} (Read-only file system); it was left as it was: remount the filesystem of {drafter}"
+            " read-write and run again"
+        )
+        assert dest.read_text() == "old\n"
+        assert listing(drafter) == ["config.json", "model.safetensors"]
+    out = run(dflash_config, {**args(drafter, target), "backup": backup}, capsys)
+    assert out["changed"] is True, out

@@ -322,6 +322,24 @@ def test_a_disk_filling_up_halfway_puts_every_file_back_and_the_next_run_applies
     assert (venv / cs.RECORD_NAME).exists()
 
 
+def test_a_read_only_filesystem_changes_no_file_and_names_the_remedy(ext4_dir, pristine_files, capsys):
+    """site-packages remounted read-only (real ext4): the first write gets the kernel's EROFS; nothing changes."""
+    venv = make_venv(ext4_dir, pristine_files)
+    site = site_of(venv)
+    before, files = snapshot(site), tree(venv)
+    first = site / next(a.path for a in cs.plan(changeset(), str(site), cs.PRESENT).actions if a.changes)
+    with realfs.read_only(ext4_dir):
+        out = run_module({"venv": str(venv), "changeset_root": ROOT}, capsys)
+        assert out["failed"] is True
+        assert out["msg"] == (
+            f"Writing {first} failed (Read-only file system), every file was put back as it was: remount the"
+            f" filesystem of {first.parent} read-write and run again"
+        )
+        assert snapshot(site) == before
+        assert tree(venv) == files
+    assert run_module({"venv": str(venv), "changeset_root": ROOT}, capsys)["changed"] is True
+
+
 def test_corrupt_changeset_is_refused(tmp_path):
     root = tmp_path / "files"
     (root / "vllm-0.20.1").mkdir(parents=True)
