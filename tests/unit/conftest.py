@@ -1,4 +1,5 @@
-"""Fixtures shared by the unit tests: the lab's stand-in target model, and small real filesystems (realfs)."""
+"""Fixtures shared by the unit tests: the lab's stand-in target model, small real filesystems (realfs), and
+Triton's interpreter for the DDTree kernels' tests on the CPU."""
 
 from __future__ import annotations
 
@@ -48,3 +49,21 @@ def fuse_dir(tmp_path) -> Iterator[Path]:
     """A real 16 MiB ext4 image served through FUSE (fuse2fs): RENAME_EXCHANGE answers EINVAL; always unmounted."""
     with contextlib.ExitStack() as stack:
         yield _mount_or_skip(stack, realfs.fuse_ext4(tmp_path / "fuse", tmp_path / "fuse.img", "16M"))
+
+
+@pytest.fixture(scope="module")
+def interpreter_scalar_index() -> Iterator[None]:
+    """Triton 3.6's interpreter turns a loaded scalar into a Python int with ``int(array)``, which
+    numpy 2 refuses for its one-element arrays; the kernels loop ``range(n)`` over such a scalar (a
+    sequence's length). Index through the array's one element instead, for the tests that ask."""
+    import triton.runtime.interpreter as interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+    yield
+    interpreter._patch_lang_tensor = original

@@ -24,32 +24,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import release_files
 from fakes.vllm_modules import GDN_KERNELS, load_ddtree_runtime, load_gdn_kernels
 
-pytestmark = pytest.mark.skipif(
-    torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1",
-    reason="runs the kernels in Triton's interpreter (CPU)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1",
+        reason="runs the kernels in Triton's interpreter (CPU)",
+    ),
+    pytest.mark.usefixtures("interpreter_scalar_index"),  # tests/unit/conftest.py
+]
 
 H, HV, K, V = 1, 2, 16, 16  # key heads, value heads, key and value head dims
 WIDTH = 4  # Qwen3.5/3.6's convolution
 DIM = 24  # convolution channels
-
-
-@pytest.fixture(scope="module", autouse=True)
-def interpreter_scalar_index():
-    """Triton 3.6's interpreter turns a loaded scalar into a Python int with ``int(array)``, which
-    numpy 2 refuses for its one-element arrays; vLLM's kernels loop ``range(T)`` over such a scalar
-    (a sequence's length). Index through ``.item()`` instead, for these tests only."""
-    import triton.runtime.interpreter as interpreter
-
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
-    yield
-    interpreter._patch_lang_tensor = original
 
 
 @pytest.fixture(scope="module", autouse=True)

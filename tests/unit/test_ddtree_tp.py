@@ -202,23 +202,6 @@ def kernels(tmp_path_factory):
     return load_gdn_kernels(release_files.patched(list(GDN_KERNELS.values())), tmp_path_factory.mktemp("patched"))
 
 
-@pytest.fixture(scope="module")
-def interpreter_scalar_index():
-    """As in test_ddtree_gdn.py: Triton 3.6's interpreter indexes a loaded scalar with
-    ``int(array)``, which numpy 2 refuses; index through the array's one element instead."""
-    import triton.runtime.interpreter as interpreter
-
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
-    yield
-    interpreter._patch_lang_tensor = original
-
-
 H_FULL, HV_FULL, K, VD = 2, 4, 16, 16  # key heads, value heads (2 value heads per key head), dims
 PARENTS = [-1, 0, 0, 1, 2, 4]  # one request's rows: siblings, a branch off row 2
 WIDTH, DIM = 4, 32  # convolution width, channels (sharded by TP too)
