@@ -80,6 +80,7 @@ def test_which_modules_count_as_needing_torch(tmp_path: Path) -> None:
     unit = REPO / "tests" / "unit"
     needing = sorted(p.name for p in unit.glob("test_*.py") if imports_torch(p))
     assert needing == [
+        "test_ddtree_attention.py",
         "test_ddtree_expand_parts.py",
         "test_ddtree_gdn.py",
         "test_ddtree_runtime.py",
