@@ -2,7 +2,8 @@
 
 The pure part (parsing, group expansion, allow and deny lines, the BPF program) is checked against
 literal expectations; the kernel part runs children under the filter, through libseccomp and through
-the hand-built BPF program, and checks what a denied call and a needed call return.
+the hand-built BPF program, and checks what a denied call and a needed call return. The last test
+runs tests/gpu/serve_check.py against the lab's stand-in vLLM with the rendered unit's filter.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -276,3 +278,74 @@ def test_python_multiprocessing_threads_and_a_c_compiler_run_under_the_filter(un
     res = under_filter(unit, backend, sys.executable, str(script), cwd=tmp_path)
     assert (res.returncode, res.stdout) == (0, "done\n"), res.stderr
     assert (tmp_path / "t.so").exists()
+
+
+# --- serve_check.py with the filter, against the lab's stand-in vLLM ---------------------------------
+
+
+def test_serve_check_runs_the_stand_in_under_the_units_filter(tmp_path, target):
+    """The rendered unit's ExecStart (a link named vllm to tests/fakes/inference_server.py) under its
+    filter: the probe's denied calls fail, every process shows Seccomp: 2, and every check holds."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text(json.dumps({"dflash_config": {"mask_token_id": 248070, "block_size": 16}}))
+    vllm = tmp_path / "venv" / "bin" / "vllm"
+    vllm.parent.mkdir(parents=True)
+    vllm.symlink_to(REPO / "tests" / "fakes" / "inference_server.py")
+    dest = tmp_path / "vllm.service"
+    inventory = tmp_path / "localhost.ini"
+    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
+    env = dict(
+        os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_INJECT_FACT_VARS="False", TMPDIR=str(tmp_path)
+    )
+    render = [
+        str(Path(sys.executable).parent / "ansible-playbook"),
+        *("-i", str(inventory), "tests/gpu/render_unit.yml"),
+        *("-e", f"service_swap_vllm_executable={vllm}", "-e", f"shared_settings_target_dir={target}"),
+        *("-e", f"shared_settings_drafter_dir={drafter}", "-e", f"service_swap_vllm_port={port}"),
+        *("-e", "shared_settings_num_speculative_tokens=7", "-e", f"render_dest={dest}"),
+        *("-e", f"shared_settings_service_home={tmp_path / 'home'}"),
+    ]
+    res = subprocess.run(render, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    holders = tmp_path / "holders"
+    holders.mkdir()
+    env = dict(
+        os.environ,
+        LAB_FAKES_HOLDERS=str(holders),
+        LAB_FAKES_KNOBS=str(tmp_path / "no-knobs.json"),
+    )
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(GPU_TESTS / "serve_check.py"), "--unit", str(dest), "--api-key", "sk-test-filter"]
+    cmd += ["--out", str(out), "--url", f"http://127.0.0.1:{port}", "--timeout", "60"]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    result = json.loads((out / "serve_check.json").read_text())
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert result["checks"] == {
+        "healthy": True,
+        "completion_non_empty": True,
+        "mean_acceptance_length_computed": True,
+        "key_required": True,
+        "spec_decode_counters_exposed": True,
+        "filter_denies_with_the_units_errno": True,
+        "filter_lets_needed_calls_through": True,
+        "filter_in_force_in_every_vllm_process": True,
+    }
+    sf = result["syscall_filter"]
+    assert sf["unit_lines"] == [
+        "SystemCallFilter=@system-service pidfd_getfd",
+        "SystemCallFilter=~@privileged",
+        "SystemCallErrorNumber=EPERM",
+        "SystemCallArchitectures=native",
+    ]
+    assert (sf["applied"], sf["kind"], len(sf["names"]), sf["probe"]["calls"]) == (
+        True,
+        "allow list",
+        289,
+        {**DENIED, **NEEDED},
+    )
+    assert [p["Seccomp"] for p in sf["processes"].values()] == ["2"]  # the stand-in is one process
+    assert "sk-test-filter" not in (out / "serve_check.json").read_text()
