@@ -263,8 +263,6 @@ def _libseccomp() -> ctypes.CDLL | None:
 
 
 def install_libseccomp(lib: ctypes.CDLL, default: int, actions: Mapping[int, int], native_only: bool) -> None:
-    if os.uname().machine != "x86_64":
-        raise OSError(errno.ENOTSUP, "the table holds x86_64 numbers; this machine is " + os.uname().machine)
     ctx = lib.seccomp_init(default)  # the native architecture only, no_new_privs set on load
     if not ctx:
         raise OSError(errno.EINVAL, "seccomp_init failed")
@@ -283,6 +281,8 @@ def install(res: Resolved, numbers: Mapping[str, int], backend: str = "auto") ->
     default, actions = rules(res, numbers)
     if res.allow_list is None:
         return "none"
+    if os.uname().machine != "x86_64":  # another ABI's numbers would filter the wrong calls
+        raise OSError(errno.ENOTSUP, "the table holds x86_64 syscall numbers; this machine is " + os.uname().machine)
     lib = _libseccomp() if backend in ("auto", "libseccomp") else None
     if backend == "libseccomp" and lib is None:
         raise OSError(errno.ENOENT, "libseccomp.so.2 does not load here; use --backend bpf")

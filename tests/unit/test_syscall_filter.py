@@ -209,6 +209,8 @@ NEEDED = {
 
 
 def under_filter(unit: Path, backend: str, *cmd: str, **kw) -> subprocess.CompletedProcess:
+    if backend == "libseccomp" and not _has_libseccomp():
+        pytest.skip("libseccomp.so.2 does not load here (the BPF backend is tested without it)")
     return subprocess.run(
         [sys.executable, SCRIPT, "exec", "--unit", str(unit), "--backend", backend, "--", *cmd],
         capture_output=True,
@@ -216,6 +218,16 @@ def under_filter(unit: Path, backend: str, *cmd: str, **kw) -> subprocess.Comple
         timeout=120,
         **kw,
     )
+
+
+def _has_libseccomp() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libseccomp.so.2")
+    except OSError:
+        return False
+    return True
 
 
 @pytest.fixture
@@ -283,9 +295,11 @@ def test_python_multiprocessing_threads_and_a_c_compiler_run_under_the_filter(un
 # --- serve_check.py with the filter, against the lab's stand-in vLLM ---------------------------------
 
 
-def test_serve_check_runs_the_stand_in_under_the_units_filter(tmp_path, target):
-    """The rendered unit's ExecStart (a link named vllm to tests/fakes/inference_server.py) under its
-    filter: the probe's denied calls fail, every process shows Seccomp: 2, and every check holds."""
+def serve_check(
+    tmp_path: Path, target: Path, *render_extra: str, check_extra: tuple[str, ...] = ()
+) -> tuple[int, dict, str]:
+    """Render the unit (ExecStart: a link named vllm to tests/fakes/inference_server.py) with
+    tests/gpu/render_unit.yml, run serve_check.py on it; its exit status, result and output."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -307,29 +321,37 @@ def test_serve_check_runs_the_stand_in_under_the_units_filter(tmp_path, target):
         *("-e", f"service_swap_vllm_executable={vllm}", "-e", f"shared_settings_target_dir={target}"),
         *("-e", f"shared_settings_drafter_dir={drafter}", "-e", f"service_swap_vllm_port={port}"),
         *("-e", "shared_settings_num_speculative_tokens=7", "-e", f"render_dest={dest}"),
-        *("-e", f"shared_settings_service_home={tmp_path / 'home'}"),
+        *("-e", f"shared_settings_service_home={tmp_path / 'home'}", *render_extra),
     ]
     res = subprocess.run(render, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     holders = tmp_path / "holders"
     holders.mkdir()
-    env = dict(
-        os.environ,
-        LAB_FAKES_HOLDERS=str(holders),
-        LAB_FAKES_KNOBS=str(tmp_path / "no-knobs.json"),
-    )
+    env = dict(os.environ, LAB_FAKES_HOLDERS=str(holders), LAB_FAKES_KNOBS=str(tmp_path / "no-knobs.json"))
     out = tmp_path / "out"
     cmd = [sys.executable, str(GPU_TESTS / "serve_check.py"), "--unit", str(dest), "--api-key", "sk-test-filter"]
-    cmd += ["--out", str(out), "--url", f"http://127.0.0.1:{port}", "--timeout", "60"]
+    cmd += ["--out", str(out), "--url", f"http://127.0.0.1:{port}", "--timeout", "60", *check_extra]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    result = json.loads((out / "serve_check.json").read_text())
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    text = (out / "serve_check.json").read_text()
+    assert "sk-test-filter" not in text
+    return res.returncode, json.loads(text), res.stdout[-3000:] + res.stderr[-3000:]
+
+
+SERVED = {
+    "healthy": True,
+    "completion_non_empty": True,
+    "mean_acceptance_length_computed": True,
+    "key_required": True,
+    "spec_decode_counters_exposed": True,
+}
+
+
+def test_serve_check_runs_the_stand_in_under_the_units_filter(tmp_path, target):
+    """The probe's denied calls fail, every process shows Seccomp: 2, and every check holds."""
+    rc, result, output = serve_check(tmp_path, target)
+    assert rc == 0, output
     assert result["checks"] == {
-        "healthy": True,
-        "completion_non_empty": True,
-        "mean_acceptance_length_computed": True,
-        "key_required": True,
-        "spec_decode_counters_exposed": True,
+        **SERVED,
         "filter_denies_with_the_units_errno": True,
         "filter_lets_needed_calls_through": True,
         "filter_in_force_in_every_vllm_process": True,
@@ -348,4 +370,28 @@ def test_serve_check_runs_the_stand_in_under_the_units_filter(tmp_path, target):
         {**DENIED, **NEEDED},
     )
     assert [p["Seccomp"] for p in sf["processes"].values()] == ["2"]  # the stand-in is one process
-    assert "sk-test-filter" not in (out / "serve_check.json").read_text()
+
+
+def test_serve_check_fails_a_filter_that_denies_what_vllm_needs(tmp_path, target):
+    """The guard can fail: denying @resources takes NCCL's sched_setaffinity and CUDA's set_mempolicy;
+    the stand-in still serves (it needs neither), the check does not pass."""
+    widened = '{"service_swap_system_call_filter": ["@system-service", "~@privileged @resources"]}'
+    rc, result, output = serve_check(tmp_path, target, "-e", widened)
+    assert rc == 1, output
+    assert result["checks"] == {
+        **SERVED,
+        "filter_denies_with_the_units_errno": True,
+        "filter_lets_needed_calls_through": False,
+        "filter_in_force_in_every_vllm_process": True,
+    }
+    calls, without = result["syscall_filter"]["probe"]["calls"], result["syscall_filter"]["probe_without"]["calls"]
+    assert (calls["sched_setaffinity"], calls["set_mempolicy MPOL_DEFAULT"]) == ("EPERM", "EPERM")
+    assert (without["sched_setaffinity"], without["set_mempolicy MPOL_DEFAULT"]) == ("ok", "ok")
+
+
+def test_serve_check_with_the_filter_off_runs_as_before(tmp_path, target):
+    rc, result, output = serve_check(tmp_path, target, check_extra=("--syscall-filter", "off"))
+    assert rc == 0, output
+    assert result["checks"] == SERVED
+    assert (result["syscall_filter"]["applied"], result["syscall_filter"]["kind"]) == (False, "allow list")
+    assert "probe" not in result["syscall_filter"] and "probe_without" not in result["syscall_filter"]
