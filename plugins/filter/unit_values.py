@@ -94,6 +94,89 @@ def unit_value_problems(
     return problems
 
 
+# systemd 252's syscall groups (systemd-analyze syscall-filter). systemd ignores an unknown group or
+# name with a warning in the journal, so a typo would silently change the filter: groups are checked
+# against this list; syscall names only for their form (systemd ignores names it cannot resolve).
+SYSCALL_GROUPS = frozenset(
+    [
+        "@aio",
+        "@basic-io",
+        "@chown",
+        "@clock",
+        "@cpu-emulation",
+        "@debug",
+        "@default",
+        "@file-system",
+        "@io-event",
+        "@ipc",
+        "@keyring",
+        "@known",
+        "@memlock",
+        "@module",
+        "@mount",
+        "@network-io",
+        "@obsolete",
+        "@pkey",
+        "@privileged",
+        "@process",
+        "@raw-io",
+        "@reboot",
+        "@resources",
+        "@setuid",
+        "@signal",
+        "@swap",
+        "@sync",
+        "@system-service",
+        "@timer",
+    ]
+)
+_SYSCALL_WORD = re.compile(r"^(@?[a-z0-9_-]+)(?::(E[A-Z0-9]+|[0-9]{1,4}))?$")
+_ERRNO = re.compile(r"^(E[A-Z0-9]+|[0-9]{1,4})$")
+
+
+def syscall_filter_problems(lines: Any, error_number: Any) -> list[str]:
+    """Problems with service_swap_system_call_filter (one SystemCallFilter= line per item) and
+    service_swap_system_call_error_number, each one sentence saying what to do."""
+    name = "service_swap_system_call_filter"
+    if not isinstance(lines, list | tuple):
+        return [
+            f"{name} must be a list, one item per SystemCallFilter= line (e.g. ['@system-service', '~@privileged'])."
+        ]
+    problems = []
+    for i, line in enumerate(lines):
+        where = f"{name}[{i}]"
+        if not isinstance(line, str):
+            problems.append(f"{where} must be a string of syscall names and @groups; got {type(line).__name__}.")
+            continue
+        problem = _text_problem(where, line)
+        if problem:
+            problems.append(problem)
+            continue
+        deny = line.startswith("~")
+        for word in (line[1:] if deny else line).split():
+            m = _SYSCALL_WORD.match(word)
+            if not m:
+                problems.append(
+                    f"{where} has {word[:60]!r}, which is neither a syscall name nor an @group (optionally"
+                    " ':ERRNO' on a ~ line); see 'systemd-analyze syscall-filter'."
+                )
+            elif m.group(1).startswith("@") and m.group(1) not in SYSCALL_GROUPS:
+                problems.append(
+                    f"{where} names the group {m.group(1)!r}, which systemd 252 does not have (it would ignore it);"
+                    " the groups are " + " ".join(sorted(SYSCALL_GROUPS)) + "."
+                )
+            elif m.group(2) and not deny:
+                problems.append(
+                    f"{where} gives {word!r} an errno, which only denied calls take (a line starting with ~)."
+                )
+    if not isinstance(error_number, str) or not (error_number == "" or _ERRNO.match(error_number)):
+        problems.append(
+            f"service_swap_system_call_error_number must be an errno name such as EPERM, a number, or ''"
+            f" (then a denied call kills vLLM); got {str(error_number)[:60]!r}."
+        )
+    return problems
+
+
 _LOOPBACK = re.compile(r"^(127(\.\d{1,3}){3}|::1|\[::1\]|localhost)$")
 
 
@@ -110,4 +193,8 @@ def open_api_problem(host: str, api_key: str, allowed: bool) -> str | None:
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"unit_value_problems": unit_value_problems, "open_api_problem": open_api_problem}
+        return {
+            "unit_value_problems": unit_value_problems,
+            "open_api_problem": open_api_problem,
+            "syscall_filter_problems": syscall_filter_problems,
+        }

@@ -5,14 +5,21 @@ Needs an NVIDIA GPU, the vLLM the unit names, and ansible-core importable by thi
 probe is the project's own openai_probe module, run in-process exactly as Ansible runs it).
 
     ansible-playbook tests/gpu/render_unit.yml -e render_dest=/tmp/vllm.service ...   # see that file
-    python3 tests/gpu/serve_check.py --unit /tmp/vllm.service --api-key KEY --out /tmp/out
+    python3 tests/gpu/serve_check.py --unit /tmp/vllm.service --api-key KEY --out /tmp/out [--syscall-filter off]
 
 What it does, in the order service_swap does it on a node:
   1. reads ExecStart and Environment= from the unit (systemd's quoting and %/$ escapes undone);
-     ExecStart is run exactly, as the current user (systemd's User=, sandboxing and EnvironmentFile
-     are the lab's to prove: tests/molecule/service_swap checks them as systemd reports them). The
+     ExecStart is run exactly, as the current user, under the unit's syscall filter
+     (SystemCallFilter=, SystemCallErrorNumber=, SystemCallArchitectures=: installed before exec by
+     syscall_filter.py beside this file as systemd 252 would, libseccomp through ctypes or a BPF
+     program of its own, with no_new_privs; --syscall-filter off runs it without). Before that, a
+     probe under the same filter must see the denied calls it tries fail with the unit's errno and
+     the calls vLLM needs give what they give without the filter. systemd's User= and the rest of the sandboxing and EnvironmentFile
+     are the lab's to prove (tests/molecule/service_swap checks them as systemd reports them). The
      API key reaches vLLM as the EnvironmentFile gives it: the VLLM_API_KEY variable.
-  2. waits for /health 200, printing progress, failing early if the process exits;
+  2. waits for /health 200, printing progress, failing early if the process exits; once healthy,
+     every process of vLLM's process group (API server, engine core, workers) must show the filter
+     in /proc/PID/status (Seccomp: 2, NoNewPrivs: 1);
   3. runs openai_probe with requests=N: one real completion must come back non-empty, and the mean
      acceptance length is computed from the /metrics spec-decode counters over those requests;
   4. checks that /v1/models refuses a request without the key;
@@ -34,7 +41,24 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from in_process import run_module  # tests/gpu/, beside this script
+import syscall_filter  # tests/gpu/, beside this script
+from in_process import run_module
+
+HERE = Path(__file__).resolve().parent
+# Probe calls made as direct syscalls, so the syscall each one tests is exact: the filter denies
+# them by default (they succeed, or fail otherwise, without it).
+PROBE_DENIED = {"reboot with bad magic": "reboot", "swapon of a missing file": "swapon"}
+PROBE_NEEDED = [
+    "sched_setaffinity",
+    "set_mempolicy MPOL_DEFAULT",
+    "get_mempolicy",
+    "memfd_create",
+    "ioctl FIONREAD on a pipe",
+    "process_vm_readv of itself",
+    "fork and wait",
+    "thread start",
+    "exec /bin/true",
+]
 
 
 def unit_values(text: str, key: str) -> list[str]:
@@ -94,6 +118,33 @@ def http_status(url: str, headers: dict | None = None, timeout: float = 5) -> in
         return None
 
 
+def filter_probe(unit: str | None, backend: str, env: dict) -> dict:
+    """syscall_filter.py's probe, run under the unit's filter (unit None: without it): what each call returned."""
+    cmd = [sys.executable, str(HERE / "syscall_filter.py"), "exec", "--unit", unit, "--backend", backend, "--"]
+    cmd = (cmd if unit else []) + [sys.executable, str(HERE / "syscall_filter.py"), "probe"]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    if res.returncode != 0:
+        return {"error": (res.stdout + res.stderr)[-2000:]}
+    return {"installed": res.stderr.strip(), **json.loads(res.stdout)}
+
+
+def group_seccomp(pgid: int) -> dict[str, dict]:
+    """NoNewPrivs and Seccomp of every process in the process group (vLLM and its children)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            out[entry.name] = {"comm": name, **syscall_filter.seccomp_status(entry.name)}
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--unit", required=True, help="unit file rendered by service_swap")
@@ -103,6 +154,18 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=420, help="seconds to wait for /health")
     ap.add_argument("--make-launcher", action="store_true", help="create ExecStart's executable (no venv here)")
+    ap.add_argument(
+        "--syscall-filter",
+        choices=["unit", "off"],
+        default="unit",
+        help="unit (default): run ExecStart under the unit's SystemCallFilter=; off: without it",
+    )
+    ap.add_argument(
+        "--syscall-filter-backend",
+        choices=["auto", "libseccomp", "bpf"],
+        default="auto",
+        help="how the filter is installed (auto: libseccomp.so.2 where it loads, else BPF built here)",
+    )
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     text = Path(a.unit).read_text()
@@ -121,9 +184,26 @@ def main() -> int:
     if a.make_launcher:
         make_launcher(argv[0])
     result: dict = {"unit": a.unit, "argv": argv, "env_from_unit": unit_values(text, "Environment")}
+    resolved = syscall_filter.resolve_unit_text(text)
+    filtered = a.syscall_filter == "unit" and resolved.allow_list is not None
+    result["syscall_filter"] = {
+        "applied": filtered,
+        "unit_lines": [
+            f"{k}={v}"
+            for k in ("SystemCallFilter", "SystemCallErrorNumber", "SystemCallArchitectures")
+            for v in unit_values(text, k)
+        ],
+        **syscall_filter.describe(resolved),
+    }
+    run_argv = argv
+    if filtered:
+        result["syscall_filter"]["probe_without"] = filter_probe(None, a.syscall_filter_backend, env)
+        result["syscall_filter"]["probe"] = filter_probe(a.unit, a.syscall_filter_backend, env)
+        run_argv = [sys.executable, str(HERE / "syscall_filter.py"), "exec", "--unit", a.unit]
+        run_argv += ["--backend", a.syscall_filter_backend, "--", *argv]
     log = open(os.path.join(a.out, "vllm_serve.log"), "w")  # noqa: SIM115 - closed in finally
     t0 = time.time()
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(run_argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         status = None
         while time.time() - t0 < a.timeout:
@@ -136,6 +216,7 @@ def main() -> int:
         result["seconds_to_healthy"] = round(time.time() - t0, 1) if status == 200 else None
         result["exit_code_before_healthy"] = proc.poll()
         if status == 200:
+            result["syscall_filter"]["processes"] = group_seccomp(proc.pid)
             probe_args = {"url": a.url, "api_key": a.api_key, "requests": a.requests, "max_tokens": 64}
             result["probe"] = run_module("openai_probe", probe_args)
             result["models_without_key_status"] = http_status(a.url + "/v1/models")
@@ -166,13 +247,32 @@ def main() -> int:
             ln.startswith("vllm:spec_decode_num_drafts") for ln in result.get("metrics_spec_decode_lines", [])
         ),
     }
+    if filtered:
+        sf = result["syscall_filter"]
+        calls = sf["probe"].get("calls", {})
+        denied = [n for n, call in PROBE_DENIED.items() if (call in sf["names"]) == (sf["kind"] == "deny list")]
+        expected = {n: sf["own_errno"].get(PROBE_DENIED[n], sf["error_number"]) for n in denied}
+        checks["filter_denies_with_the_units_errno"] = bool(expected) and all(
+            calls.get(name) == want for name, want in expected.items()
+        )
+        # What this kernel gives without the filter (gVisor, say, may lack a call): the filter changes none of it.
+        without = sf["probe_without"].get("calls", {})
+        checks["filter_lets_needed_calls_through"] = bool(without) and all(
+            calls.get(name) == without.get(name) for name in PROBE_NEEDED
+        )
+        procs = sf.get("processes", {})
+        checks["filter_in_force_in_every_vllm_process"] = bool(procs) and all(
+            p.get("Seccomp") == "2" and p.get("NoNewPrivs") == "1" for p in procs.values()
+        )
     result["checks"] = checks
     result["ok"] = all(checks.values())
     if a.api_key in json.dumps(result):
         raise SystemExit("the API key leaked into the result; refusing to write it")
     with open(os.path.join(a.out, "serve_check.json"), "w") as f:
         json.dump(result, f, indent=1)
-    print(json.dumps({k: v for k, v in result.items() if k != "metrics_spec_decode_lines"}, indent=1)[:6000])
+    shown = {k: v for k, v in result.items() if k not in ("metrics_spec_decode_lines", "syscall_filter")}
+    shown["syscall_filter"] = {k: v for k, v in result["syscall_filter"].items() if k != "names"}
+    print(json.dumps(shown, indent=1)[-6000:])
     if not result["ok"]:
         print(Path(log.name).read_text()[-4000:])
     return 0 if result["ok"] else 1

@@ -97,6 +97,31 @@ def test_hybrid_target_dflash(dirs):
     ]
 
 
+def _seccomp_lines(dirs: dict[str, Path], *extra: str) -> list[str]:
+    render(dirs, "dense", *extra)
+    text = (dirs["tmp"] / "vllm.service").read_text()
+    return [ln for ln in text.splitlines() if ln.startswith(("SystemCall", "NoNewPrivileges"))]
+
+
+def test_the_unit_carries_the_syscall_filter_and_an_operator_can_widen_or_drop_it(dirs):
+    assert _seccomp_lines(dirs) == [
+        "NoNewPrivileges=true",
+        "SystemCallArchitectures=native",
+        "SystemCallFilter=@system-service pidfd_getfd",
+        "SystemCallFilter=~@privileged",
+        "SystemCallErrorNumber=EPERM",
+    ]
+    widened = '{"service_swap_system_call_filter": ["@system-service pidfd_getfd", "~@privileged", "ptrace"]}'
+    assert _seccomp_lines(dirs, "-e", widened)[2:] == [
+        "SystemCallFilter=@system-service pidfd_getfd",
+        "SystemCallFilter=~@privileged",
+        "SystemCallFilter=ptrace",
+        "SystemCallErrorNumber=EPERM",
+    ]
+    none = '{"service_swap_system_call_filter": [], "service_swap_system_call_error_number": ""}'
+    assert _seccomp_lines(dirs, "-e", none) == ["NoNewPrivileges=true", "SystemCallArchitectures=native"]
+
+
 def test_dense_target_ddtree_with_budget_and_extra_args(dirs):
     t = dirs["dense"]
     lines = render(
@@ -279,6 +304,14 @@ def test_preflight_refuses_an_api_key_unfit_for_an_environment_file(dirs):
         (
             '{"service_swap_extra_env": {"A": "1\\nExecStartPre=/bin/true"}}',
             "service_swap_extra_env['A'] holds a newline",
+        ),
+        (
+            '{"service_swap_system_call_filter": ["@system-service\\nExecStartPre=/bin/true"]}',
+            "service_swap_system_call_filter[0] holds a newline",
+        ),
+        (
+            '{"service_swap_system_call_filter": ["@system-service", "~@privilegd"]}',
+            "service_swap_system_call_filter[1] names the group '@privilegd', which systemd 252 does not have",
         ),
     ],
 )

@@ -111,3 +111,60 @@ def test_an_open_api_on_the_network_is_refused_unless_allowed(host, key, allowed
     assert (problem is not None) == refused
     if refused:
         assert problem.startswith(f"service_swap_vllm_host is {host!r} but service_swap_api_key is empty")
+
+
+def test_the_default_syscall_filter_and_widened_ones_pass():
+    from unit_values import syscall_filter_problems
+
+    assert syscall_filter_problems(["@system-service pidfd_getfd", "~@privileged"], "EPERM") == []
+    assert syscall_filter_problems(["@system-service", "~@privileged @resources:EACCES", "ptrace", ""], "1") == []
+    assert syscall_filter_problems([], "") == []
+
+
+@pytest.mark.parametrize(
+    ("lines", "error_number", "message"),
+    [
+        (
+            ["@system-service\nExecStartPre=/bin/true"],
+            "EPERM",
+            "service_swap_system_call_filter[0] holds a newline at position 15: it would end its line in the unit or"
+            " environment file and let the rest inject directives; remove it.",
+        ),
+        (
+            ["@system-servce"],
+            "EPERM",
+            "service_swap_system_call_filter[0] names the group '@system-servce', which systemd 252 does not have"
+            " (it would ignore it); the groups are @aio @basic-io",
+        ),
+        (
+            ["@system-service", "ptrace:EPERM"],
+            "EPERM",
+            "service_swap_system_call_filter[1] gives 'ptrace:EPERM' an errno, which only denied calls take (a line"
+            " starting with ~).",
+        ),
+        (
+            ["~mount;reboot"],
+            "EPERM",
+            "service_swap_system_call_filter[0] has 'mount;reboot', which is neither a syscall name nor an @group"
+            " (optionally ':ERRNO' on a ~ line); see 'systemd-analyze syscall-filter'.",
+        ),
+        (
+            "@system-service",
+            "EPERM",
+            "service_swap_system_call_filter must be a list, one item per SystemCallFilter= line (e.g."
+            " ['@system-service', '~@privileged']).",
+        ),
+        (
+            ["@system-service"],
+            "eperm",
+            "service_swap_system_call_error_number must be an errno name such as EPERM, a number, or '' (then a"
+            " denied call kills vLLM); got 'eperm'.",
+        ),
+    ],
+)
+def test_a_bad_syscall_filter_is_named_with_what_to_do(lines, error_number, message):
+    from unit_values import syscall_filter_problems
+
+    problems = syscall_filter_problems(lines, error_number)
+    assert len(problems) == 1
+    assert problems[0].startswith(message)
