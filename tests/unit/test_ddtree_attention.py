@@ -65,7 +65,7 @@ def attention(q, k, v, mask, scale):
 def run_case(attn, *, parents_per_req, prefix_lens, heads, kv_heads, head, dtype, bias_kind, seed):
     g = torch.Generator().manual_seed(seed)
     lens = [len(p) for p in parents_per_req]
-    qsl = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
+    qsl = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     total = int(qsl[-1])
     scale = head**-0.5
     q = torch.randn(total, heads, head, generator=g).to(dtype)
@@ -81,7 +81,7 @@ def run_case(attn, *, parents_per_req, prefix_lens, heads, kv_heads, head, dtype
     out = torch.zeros(total, heads, head, dtype=dtype)
     lse = torch.empty(heads, total)
     want = torch.empty(total, heads, head)
-    for r, (parents, n_prefix) in enumerate(zip(parents_per_req, prefix_lens)):
+    for r, n_prefix in enumerate(prefix_lens):
         rows = slice(int(qsl[r]), int(qsl[r + 1]))
         n = lens[r]
         kp = torch.randn(n_prefix, kv_heads, head, generator=g).to(dtype)
@@ -93,15 +93,10 @@ def run_case(attn, *, parents_per_req, prefix_lens, heads, kv_heads, head, dtype
         else:
             lse[:, rows] = float("inf")  # FlashAttention's mark of a row without keys
         causal = torch.triu(torch.full((n, n), float("-inf")), 1)
-        if bias is None:
-            tree = None
-        else:
-            tree = bias[r, :n, :n] if bias.dim() == 3 else bias[:n, :n]
-        tree_mask = causal if tree is None else causal + tree
+        tree = torch.zeros(n, n) if bias is None else bias[r, :n, :n] if bias.dim() == 3 else bias[:n, :n]
+        tree_mask = causal + tree
         mask = torch.cat([torch.zeros(n, n_prefix), tree_mask], 1)
-        want[rows], _ = attention(
-            q[rows], torch.cat([kp, k_new[rows]]), torch.cat([vp, v_new[rows]]), mask, scale
-        )
+        want[rows], _ = attention(q[rows], torch.cat([kp, k_new[rows]]), torch.cat([vp, v_new[rows]]), mask, scale)
     attn.tree_suffix_merge(q, k_new, v_new, out, lse, bias, qsl, len(lens), size, scale)
     return out.float(), want
 

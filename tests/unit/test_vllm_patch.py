@@ -445,7 +445,12 @@ def sources(names: list[str]) -> dict[str, str]:
 
 
 DIFFS = sorted(f"vllm-0.20.1/patches/{name.replace('/', '__')}.diff" for name in TOUCHED)
-ADDED_SOURCES = ["common/ddtree_attention.py", "common/ddtree_kernels.py", "common/ddtree_tree.py", "vllm-0.20.1/added/ddtree.py"]
+ADDED_SOURCES = [
+    "common/ddtree_attention.py",
+    "common/ddtree_kernels.py",
+    "common/ddtree_tree.py",
+    "vllm-0.20.1/added/ddtree.py",
+]
 
 
 def test_inline_pristine_venv_asks_for_every_file_and_changes_nothing(venv, capsys):
