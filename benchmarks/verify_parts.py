@@ -209,49 +209,37 @@ class AttentionCase:
             num_splits=32,
         )
 
-    def fa_causal(self, layer: int, schedule) -> None:
+    def _flash(self, layer: int, schedule, causal: bool):
+        """FlashAttention 3 as FLASH_ATTN runs it under full CUDA graphs: causal over every key (the
+        chain), or non-causal over the cached prefix with its log-sum-exp (the tree's first part)."""
         from vllm.vllm_flash_attn import flash_attn_varlen_func
 
         c = self.caches[layer]
-        flash_attn_varlen_func(
+        return flash_attn_varlen_func(
             q=self.query,
             k=c[0],
             v=c[1],
             out=self.out,
             cu_seqlens_q=self.qsl,
             max_seqlen_q=self.q,
-            seqused_k=self.seq_lens,
+            seqused_k=self.seq_lens if causal else self.prefix_lens,
             max_seqlen_k=self.context + self.q,
             softmax_scale=self.scale,
-            causal=True,
+            causal=causal,
             block_table=self.block_table,
+            return_softmax_lse=not causal,
             scheduler_metadata=schedule,
             num_splits=32,
             fa_version=3,
         )
+
+    def fa_causal(self, layer: int, schedule) -> None:
+        self._flash(layer, schedule, causal=True)
 
     def flash_tree(self, layer: int, schedule) -> None:
         from vllm.v1.spec_decode.ddtree_attention import tree_suffix_merge
-        from vllm.vllm_flash_attn import flash_attn_varlen_func
 
-        c = self.caches[layer]
-        _, lse = flash_attn_varlen_func(
-            q=self.query,
-            k=c[0],
-            v=c[1],
-            out=self.out,
-            cu_seqlens_q=self.qsl,
-            max_seqlen_q=self.q,
-            seqused_k=self.prefix_lens,
-            max_seqlen_k=self.context + self.q,
-            softmax_scale=self.scale,
-            causal=False,
-            block_table=self.block_table,
-            return_softmax_lse=True,
-            scheduler_metadata=schedule,
-            num_splits=32,
-            fa_version=3,
-        )
+        _, lse = self._flash(layer, schedule, causal=False)
         k_new, v_new = self.new_kv[layer]
         tree_suffix_merge(self.query, k_new, v_new, self.out, lse, self.bias, self.qsl, self.batch, self.q, self.scale)
 
