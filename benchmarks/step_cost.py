@@ -372,15 +372,15 @@ def main() -> int:
     s.add_argument("--tokens", type=int, default=128)
     s.add_argument("--case-timeout", type=int, help="seconds one case may take, start-up included (default: by shape)")
     s.add_argument("--profile", action="store_true", help="also profile each case (scopes on for every step)")
-    for name in ("run", "case"):
-        sub.choices[name].add_argument("--pairs", help="BATCHxCONTEXT pairs to measure, e.g. 8x512 (default: all)")
-        sub.choices[name].add_argument("--profile-batch", type=int, default=1, help="requests in the profiled pass")
     s = sub.add_parser("case")
     s.add_argument("shape")
     s.add_argument("method")
     s.add_argument("--out", required=True, type=Path)
     s.add_argument("--tokens", type=int, default=128)
     s.add_argument("--profile", type=Path, help="folder for the profiled pass's trace and summary")
+    for name in ("run", "case"):
+        sub.choices[name].add_argument("--pairs", help="BATCHxCONTEXT pairs to measure, e.g. 8x512 (default: all)")
+        sub.choices[name].add_argument("--profile-batch", type=int, default=1, help="requests in the profiled pass")
     s = sub.add_parser("table")
     s.add_argument("dir", type=Path)
     a = ap.parse_args()
