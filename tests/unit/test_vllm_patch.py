@@ -51,6 +51,7 @@ ADDED = [
     "vllm/v1/spec_decode/ddtree.py",
     "vllm/v1/spec_decode/ddtree_attention.py",
     "vllm/v1/spec_decode/ddtree_kernels.py",
+    "vllm/v1/spec_decode/ddtree_moves.py",
     "vllm/v1/spec_decode/ddtree_tree.py",
 ]
 
@@ -448,6 +449,7 @@ DIFFS = sorted(f"vllm-0.20.1/patches/{name.replace('/', '__')}.diff" for name in
 ADDED_SOURCES = [
     "common/ddtree_attention.py",
     "common/ddtree_kernels.py",
+    "common/ddtree_moves.py",
     "common/ddtree_tree.py",
     "vllm-0.20.1/added/ddtree.py",
 ]
