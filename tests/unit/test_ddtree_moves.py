@@ -12,15 +12,9 @@ take (the runtime then keeps torch indexing for them).
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
-
-import vllm_modules
 
 pytestmark = [
     pytest.mark.skipif(
@@ -31,16 +25,6 @@ pytestmark = [
 ]
 
 WIDTH = 4  # the Gated DeltaNet convolution's kernel width
-
-
-@pytest.fixture(scope="module")
-def dd():
-    before = set(sys.modules)
-    module = vllm_modules.load_ddtree_runtime()
-    for name in set(sys.modules) - before:
-        if name == "vllm" or name.startswith("vllm."):
-            del sys.modules[name]
-    return module
 
 
 def random_step(dd, g: torch.Generator, num_reqs: int, budget: int, *, no_drafts=(), no_tree=()):

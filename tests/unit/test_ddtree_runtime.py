@@ -7,27 +7,10 @@ the compaction of the accepted path. vLLM itself is replaced by tests/fakes/vllm
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
-
-import vllm_modules
-
-
-@pytest.fixture(scope="module")
-def dd():
-    before = set(sys.modules)
-    module = vllm_modules.load_ddtree_runtime()
-    for name in set(sys.modules) - before:
-        if name == "vllm" or name.startswith("vllm."):
-            del sys.modules[name]
-    return module
-
 
 # Two trees of 4 nodes, depth 2, vocabulary 8 (the drafter's logits decide them):
 #   request "a": tokens [0, 0, 1, 0], parents [-1, 0, -1, 2], depths [1, 2, 1, 2]
