@@ -9,6 +9,7 @@ roles read is defined once, in roles/shared_settings, so there is nothing for tw
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -253,6 +254,76 @@ def inventory_problems(
     return [f"{host}: {p}" for p in problems]
 
 
+# Play keywords that site.yml takes from the play's first node (serial and max_fail_percentage are
+# templated before any host is chosen), with the defaults of playbooks/vars/rollout_argument_specs.yml.
+ROLLOUT_DEFAULTS: dict[str, Any] = {"rollout_serial": [1, "25%"], "rollout_max_fail_percentage": 0}
+# What ansible-core's pct_to_int reads: a whole percentage ("25%"), or a number of nodes.
+_PERCENT = re.compile(r"^\s*(\d{1,9})\s*%$")
+_COUNT = re.compile(r"^\s*(\d{1,9})\s*$")
+
+
+def _batch_ok(item: Any) -> bool:
+    if isinstance(item, bool) or not isinstance(item, int | str):
+        return False
+    if isinstance(item, int):
+        return item >= 1
+    percent, count = _PERCENT.match(item), _COUNT.match(item)
+    if percent:
+        return 0 < int(percent.group(1)) <= 100
+    return bool(count) and int(count.group(1)) >= 1
+
+
+def _serial_problem(value: Any) -> str | None:
+    if not isinstance(value, list | tuple):
+        return None  # inventory_problems reports a value that is not a list
+    if not value:
+        return "rollout_serial is an empty list; give at least one batch size."
+    for item in value:
+        if not _batch_ok(item):
+            return (
+                f"rollout_serial has {shown(item)}; each batch is a number of nodes (at least 1) or a"
+                ' percentage of them above 0 and at most 100 ("25%").'
+            )
+    return None
+
+
+def rollout_problems(hostvars: Mapping[str, Mapping[str, Any]], hosts: list[str]) -> list[str]:
+    """The rollout settings an operator can set wrongly for a whole play, one sentence each.
+
+    Ansible takes serial and max_fail_percentage once per play, from the play's first node, so a
+    value that differs between nodes (set in one class's group_vars) would silently be the first
+    node's for all of them: that is refused, naming where each value comes from.
+    """
+    problems: list[str] = []
+    for name, default in ROLLOUT_DEFAULTS.items():
+        shown_as: dict[str, str] = {}
+        values: dict[str, list[str]] = {}
+        for host in hosts:
+            value = hostvars[host].get(name, default)
+            key = json.dumps(value, default=str, sort_keys=True)
+            shown_as.setdefault(key, shown(value))
+            values.setdefault(key, []).append(host)
+        if len(values) > 1:
+            where = "; ".join(
+                f"{shown_as[k]} on {', '.join(h[:3])}{' and others' if len(h) > 3 else ''}" for k, h in values.items()
+            )
+            problems.append(
+                f"{name} differs between the nodes ({where}); a play takes one value for all of them: set it"
+                " once, in group_vars/all or with -e."
+            )
+            continue
+        value = hostvars[hosts[0]].get(name, default) if hosts else default
+        if name == "rollout_serial":
+            problem = _serial_problem(value)
+        elif isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= 100:
+            problem = f"{name} is {shown(value)}; it is a percentage of a batch, 0 to 100."
+        else:
+            problem = None
+        if problem:
+            problems.append(problem)
+    return problems
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"inventory_problems": inventory_problems}
+        return {"inventory_problems": inventory_problems, "rollout_problems": rollout_problems}

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from inventory_checks import inventory_problems, load_specs, type_problem
+from inventory_checks import inventory_problems, load_specs, rollout_problems, type_problem
 
 SPEC = """\
 argument_specs:
@@ -248,3 +248,46 @@ def test_many_unknown_variables_stay_fast(roles: str) -> None:
     problems = inventory_problems(hv, "gpu1", roles)
     assert time.monotonic() - started < 5
     assert len(problems) == 20000
+
+
+def test_a_rollout_setting_left_to_its_default_on_some_nodes_agrees_with_the_same_value_written_out() -> None:
+    hostvars = {"a": {"rollout_serial": [1, "25%"], "rollout_max_fail_percentage": 0}, "b": {}}
+    assert rollout_problems(hostvars, ["a", "b"]) == []
+
+
+def test_rollout_settings_that_differ_name_the_nodes_of_each_value() -> None:
+    hostvars = {f"ct{i}": {"rollout_max_fail_percentage": 10} for i in range(5)} | {"ct9": {}}
+    assert rollout_problems(hostvars, sorted(hostvars)) == [
+        "rollout_max_fail_percentage differs between the nodes (10 on ct0, ct1, ct2 and others; 0 on ct9); a play"
+        " takes one value for all of them: set it once, in group_vars/all or with -e."
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("rollout_serial", [], "rollout_serial is an empty list; give at least one batch size."),
+        (
+            "rollout_serial",
+            [1, 0],
+            "rollout_serial has 0; each batch is a number of nodes (at least 1) or a percentage",
+        ),
+        ("rollout_serial", ["0%"], "rollout_serial has '0%'; each batch is a number of nodes"),
+        ("rollout_serial", ["150%"], "rollout_serial has '150%'; each batch"),
+        ("rollout_serial", ["half"], "rollout_serial has 'half'; each batch"),
+        ("rollout_serial", ["12.5%"], "rollout_serial has '12.5%'; each batch"),
+        ("rollout_serial", ["0"], "rollout_serial has '0'; each batch"),
+        ("rollout_serial", ["9" * 5000 + "%"], "rollout_serial has '99999"),
+        ("rollout_serial", [True], "rollout_serial has True; each batch"),
+        ("rollout_max_fail_percentage", 101, "rollout_max_fail_percentage is 101; it is a percentage of a batch"),
+        ("rollout_max_fail_percentage", -1, "rollout_max_fail_percentage is -1; it is a percentage of a batch"),
+    ],
+)
+def test_rollout_values_ansible_cannot_batch_by_are_refused(name: str, value, expected: str) -> None:
+    [problem] = rollout_problems({"ct1": {name: value}}, ["ct1"])
+    assert problem.startswith(expected)
+
+
+@pytest.mark.parametrize("serial", [[1], [1, "25%"], ["100%"], ["12 %", 3], ["2"], [2, 5, "50%"]])
+def test_batch_sizes_ansible_takes_pass(serial) -> None:
+    assert rollout_problems({"ct1": {"rollout_serial": serial}}, ["ct1"]) == []

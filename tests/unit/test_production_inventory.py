@@ -102,3 +102,22 @@ def test_what_it_stages_from_the_controller_and_the_reports_are_never_committed(
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
     leaked = [p for p in tracked.split() if Path(p).name.startswith(("site-", "validate_inventory-", "bench-"))]
     assert leaked == []
+
+
+def test_a_batch_size_set_differently_per_gpu_class_is_refused(tmp_path: Path) -> None:
+    """serial is a play keyword taken from the play's first node: per-class values would silently be one."""
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(
+        "all:\n  children:\n    gpu_nodes:\n      children:\n"
+        "        a6000:\n          vars: {rollout_serial: [1, 2]}\n          hosts: {ct1: {ansible_host: 192.0.2.1}}\n"
+        "        blackwell:\n          hosts: {ct2: {ansible_host: 192.0.2.2}, ct3: {ansible_host: 192.0.2.3}}\n"
+    )
+    res = validate(inv, tmp_path / "reports")
+    assert res.returncode != 0
+    assert (
+        "rollout_serial differs between the nodes ([1, 2] on ct1; [1, '25%'] on ct2, ct3); a play takes one value"
+        " for all of them: set it once, in group_vars/all or with -e."
+    ) in res.stdout
+    # One value from the command line holds for every node.
+    assert validate(inv, tmp_path / "reports", "-e", '{"rollout_serial": [2]}').returncode == 0
