@@ -248,6 +248,8 @@ def open_regular(path: str, what: str = "", follow: bool = False) -> int:
         fd = os.open(path, flags)
     except FileNotFoundError:
         raise
+    except ValueError:  # an embedded NUL: no file has such a name
+        raise UnsafeFileError(f"{label!r} holds a NUL character, which no path can hold; check the path") from None
     except OSError as exc:
         if not follow and os.path.islink(path):
             raise UnsafeFileError(
@@ -285,6 +287,16 @@ def read_regular(path: str, limit: int, what: str = "", follow: bool = False) ->
     if len(data) > limit:
         raise UnsafeFileError(f"{label} is larger than {limit} bytes, more than such a file ever holds; check it")
     return data
+
+
+def read_text(path: str, limit: int, what: str = "", follow: bool = False) -> str:
+    """The UTF-8 text of the regular file ``path``, at most ``limit`` bytes; anything else names the file."""
+    label = what or path
+    data = read_regular(path, limit, label, follow)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnsafeFileError(f"{label} is not UTF-8 text ({exc.reason} at byte {exc.start}); check it") from None
 
 
 def loads_json(text: str | bytes, what: str, max_depth: int = MAX_JSON_DEPTH, **kwargs: Any) -> Any:
