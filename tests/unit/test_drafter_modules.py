@@ -212,6 +212,20 @@ def test_safetensors_info_module_fails_cleanly(tmp_path, capsys):
     assert "exceeds the 104857600-byte limit" in out["msg"]
 
 
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("", "path is empty; give a .safetensors file or the directory that holds the weights"),
+        ("/opt/a\x00b", "'/opt/a\\x00b': holds a NUL character, which no path can hold; check the path"),
+    ],
+)
+def test_safetensors_info_refuses_empty_and_nul_paths(capsys, path, message):
+    """A NUL in the path raised ValueError out of the module (issue 23, LOW)."""
+    out = run(safetensors_info, {"path": path}, capsys)
+    assert out["failed"] is True
+    assert out["msg"] == message
+
+
 # ------------------------------------------------------------------ hostile drafter directory (issue 23, items 1 and 3)
 
 
