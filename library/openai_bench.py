@@ -53,7 +53,7 @@ options:
     default: 1
   timeout:
     description:
-      - Seconds allowed for each request, start to last byte (a server trickling bytes cannot stretch it).
+      - Seconds allowed for each request, start to last byte (a server trickling bytes cannot stretch it); 1 to 86400.
       - Answers are capped (32 MiB, 1 MiB per stream line) and redirects are refused, so the API key never
         goes to another server; a cut stream fails its level.
     type: int
@@ -146,7 +146,7 @@ from ansible.module_utils.openai_bench import (
     validate_prompts,
     validate_sweep,
 )
-from ansible.module_utils.openai_http import Answer, HttpError, build_opener, send
+from ansible.module_utils.openai_http import Answer, HttpError, build_opener, send, settings_problem
 from ansible.module_utils.openai_probe import (
     MetricsParseError,
     SpecCounters,
@@ -332,9 +332,10 @@ def run(module: AnsibleModule) -> dict:
 
 def validate(module: AnsibleModule) -> None:
     p = module.params
-    if not p["url"].startswith(("http://", "https://")):
-        module.fail_json(msg=f"url {p['url']!r} must start with http:// or https://, e.g. http://127.0.0.1:8000")
-    for name, low in (("max_tokens", 1), ("timeout", 1), ("warmup", 0), ("requests_per_level", 1)):
+    problem = settings_problem(p["url"], p["api_key"], p["timeout"])
+    if problem is not None:
+        module.fail_json(msg=problem)
+    for name, low in (("max_tokens", 1), ("warmup", 0), ("requests_per_level", 1)):
         if p[name] is not None and p[name] < low:
             module.fail_json(msg=f"{name} must be >= {low}, not {p[name]}")
     try:
