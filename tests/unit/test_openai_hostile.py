@@ -263,3 +263,29 @@ def test_send_itself_refuses_what_no_request_can_carry():
     with pytest.raises(HttpError, match=r"api_key holds a control") as caught:
         send(build_opener(), "GET", "http://127.0.0.1:9/health", {"Authorization": f"Bearer {KEY}\n"}, None, 5)
     assert KEY not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "error"),
+    [
+        (
+            "/v1/completions",
+            b'{"choices": [{"text": "x"}], "usage": {"completion_tokens": 1e400}}',
+            "the server's answer is not what the OpenAI API returns: OverflowError",
+        ),
+        (
+            "/metrics",
+            b"vllm:spec_decode_num_drafts_total +Inf\n",
+            "vllm:spec_decode_num_drafts_total is inf, not a count; the server's /metrics is broken",
+        ),
+    ],
+)
+def test_numbers_past_any_count_in_a_completion_or_metrics_are_an_error(hostile, capsys, path, body, error):
+    """completion_tokens: 1e400 crashed the probe; an Inf counter gave a NaN acceptance length (issue 23)."""
+    server = hostile()
+    healthy(server)
+    server.behaviour["/v1/completions"] = fixed(b'{"choices": [{"text": "x"}], "usage": {"completion_tokens": 1}}')
+    server.behaviour[path] = fixed(body)
+    result = probe({"url": server.url, "requests": 1, "timeout": 5}, capsys)
+    assert result["error"].startswith(error), result
+    assert "mean_acceptance_length" not in result

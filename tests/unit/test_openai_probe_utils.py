@@ -65,6 +65,26 @@ def test_refuses_what_is_not_prometheus_text(text, message):
         parse_prometheus_text(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("vllm:spec_decode_num_drafts_total 1e400", r"vllm:spec_decode_num_drafts_total is inf, not a count"),
+        (
+            "vllm:spec_decode_num_accepted_tokens_total NaN",
+            r"vllm:spec_decode_num_accepted_tokens_total is nan, not a count",
+        ),
+        ("vllm:spec_decode_num_draft_tokens_total -4", r"vllm:spec_decode_num_draft_tokens_total is -4.0, not a count"),
+        ("vllm:spec_decode_num_drafts_total 1e308\nvllm:spec_decode_num_drafts_total 1e308", "add up past any count"),
+    ],
+)
+def test_spec_counters_that_are_no_count_are_refused(text, message):
+    """A hostile /metrics with Inf or NaN counters gave a NaN mean acceptance length (issue 23, item 6)."""
+    with pytest.raises(MetricsParseError, match=message):
+        spec_decode_counters(parse_prometheus_text(text))
+    # Other metrics may be anything Prometheus allows.
+    assert spec_decode_counters(parse_prometheus_text("vllm:some_gauge NaN\nvllm:other +Inf")).present is False
+
+
 def test_parse_labels_of_empty_set():
     assert parse_labels("") == {}
 
