@@ -172,7 +172,9 @@ def parse_systemctl_show(text: str) -> dict[str, str]:
 def unit_is_crashing(props: dict[str, str], max_restarts: int) -> str | None:
     """Why the unit cannot become healthy (failed, or restarted more than allowed), else None."""
     active = props.get("ActiveState", "")
-    restarts = int(props.get("NRestarts", "0") or 0)
+    count = props.get("NRestarts", "0") or "0"
+    # systemd prints an unsigned count; anything else (a garbled answer) is not a count of restarts.
+    restarts = int(count) if count.isascii() and count.isdigit() and len(count) <= 18 else 0
     if active == "failed":
         return f"the unit failed (Result={props.get('Result', 'unknown')}, {restarts} restart(s))"
     if active == "inactive" and props.get("Result", "success") != "success":

@@ -70,8 +70,9 @@ def interpreter_scalar_index() -> Iterator[None]:
     interpreter._patch_lang_tensor = original
 
 
-class Hung(Exception):
-    """What ``deadline`` raises in a call that did not return in time."""
+class Hung(BaseException):
+    """What ``deadline`` raises in a call that did not return in time (a BaseException: no `except Exception` in
+    the code under test can swallow it)."""
 
 
 @pytest.fixture

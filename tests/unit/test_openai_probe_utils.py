@@ -179,3 +179,10 @@ def test_systemctl_show_and_crash_detection():
     )
     assert unit_is_crashing({"ActiveState": "active", "SubState": "running", "NRestarts": "0"}, 2) is None
     assert unit_is_crashing({"ActiveState": "inactive", "Result": "success"}, 2) is None
+
+
+@pytest.mark.parametrize("restarts", ["\\u0", "x", "9" * 5000, "-1", "٣"])
+def test_a_garbled_restart_count_is_no_count_not_a_traceback(restarts):
+    """The fuzz suite found int() raising on a garbled NRestarts= line (issue 23: never a traceback)."""
+    assert unit_is_crashing({"ActiveState": "active", "NRestarts": restarts}, 2) is None
+    assert unit_is_crashing({"ActiveState": "active", "NRestarts": "3"}, 2) is not None
