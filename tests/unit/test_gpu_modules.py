@@ -289,6 +289,22 @@ def test_a_zero_timeout_is_refused_not_taken_as_none(node, capsys):
     assert result["msg"] == "timeout must be at least 1 second, got 0 (0 would mean none)."
 
 
+def test_a_timeout_past_an_hour_is_refused(node, capsys):
+    """Issue 23: a huge timeout (10**30) let a hung nvidia-smi hold the play for ever."""
+    result = run(nvidia_gpu_facts, {**node.args(), "timeout": 3601}, capsys)
+    assert result["failed"] is True
+    assert result["msg"] == "timeout must be at most 3600 seconds, got 3601: a GPU query that takes longer hangs."
+    assert run(nvidia_gpu_facts, {**node.args(), "timeout": 3600}, capsys)["ok"] is True
+
+
+@pytest.mark.parametrize("name", ["nvidia_smi_path", "driver_version_path", "dev_dir", "proc_dir", "libcuda"])
+def test_a_nul_in_a_path_option_is_a_message(node, capsys, name):
+    """Issue 23: proc_dir "\\x00" raised ValueError (embedded null byte) out of the module."""
+    result = run(nvidia_gpu_facts, {**node.args(cuda_smoke_test=True), name: "a\x00b"}, capsys)
+    assert result["failed"] is True
+    assert result["msg"] == f"{name} holds a NUL character, which no path can hold; check {name}."
+
+
 def all_text_is_utf8(value) -> bool:
     """What the controller accepts: no lone surrogates (undecodable bytes) anywhere in a result."""
     if isinstance(value, str):
