@@ -37,7 +37,7 @@ options:
     elements: int
     default: [1, 2, 4]
   requests_per_level:
-    description: Requests per level; default every prompt once and at least twice the level's concurrency.
+    description: Requests per level, at most 100000; default every prompt once and at least twice the level's concurrency.
     type: int
   max_tokens:
     description: Tokens to generate per request.
@@ -48,7 +48,7 @@ options:
     type: bool
     default: true
   warmup:
-    description: Unmeasured requests before the first level.
+    description: Unmeasured requests before the first level, at most 1000.
     type: int
     default: 1
   timeout:
@@ -154,6 +154,10 @@ from ansible.module_utils.openai_probe import (
     parse_prometheus_text,
     spec_decode_counters,
 )
+
+# Far beyond any useful run; a bigger count would only hold the play for days (or allocate forever).
+MAX_WARMUP = 1000
+MAX_REQUESTS_PER_LEVEL = 100000
 
 
 def build_module() -> AnsibleModule:
@@ -338,6 +342,9 @@ def validate(module: AnsibleModule) -> None:
     for name, low in (("max_tokens", 1), ("warmup", 0), ("requests_per_level", 1)):
         if p[name] is not None and p[name] < low:
             module.fail_json(msg=f"{name} must be >= {low}, not {p[name]}")
+    for name, high in (("warmup", MAX_WARMUP), ("requests_per_level", MAX_REQUESTS_PER_LEVEL)):
+        if p[name] is not None and p[name] > high:
+            module.fail_json(msg=f"{name} must be at most {high}, not {p[name]}")
     try:
         validate_prompts(p["prompts"])
         validate_sweep(p["concurrency"])

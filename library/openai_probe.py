@@ -23,7 +23,7 @@ extends_documentation_fragment:
   - attributes.read_only
 options:
   requests:
-    description: Completions to send. C(0) reads C(/health) (and the unit) only.
+    description: Completions to send, at most 1000. C(0) reads C(/health) (and the unit) only.
     type: int
     default: 0
   prompt:
@@ -160,6 +160,8 @@ from ansible.module_utils.openai_probe import (
 )
 
 SYSTEMCTL_PROPS = "ActiveState,SubState,NRestarts,Result,MainPID"
+# Each completion may take up to timeout seconds: a probe that sends more is a benchmark (openai_bench).
+MAX_REQUESTS = 1000
 _OPENER = build_opener()
 
 
@@ -283,6 +285,8 @@ def main() -> None:
             module.fail_json(
                 msg=f"{name} must be {'>= 0' if name in ('requests', 'max_restarts') else '>= 1'}, not {p[name]}"
             )
+    if p["requests"] > MAX_REQUESTS:
+        module.fail_json(msg=f"requests must be at most {MAX_REQUESTS} (a probe, not a benchmark), not {p['requests']}")
     problem = settings_problem(p["url"], p["api_key"], p["timeout"])
     if problem is not None:
         module.fail_json(msg=problem)
