@@ -142,8 +142,8 @@ def file_entries_problem(files: list[Any] | None, dest: str, step: str) -> str |
         kind = f.get("kind", "transfer")
         if step == "commit" and kind not in FILE_KINDS:
             return f"{where} ({name}): kind {str(kind)[:40]!r} is none of {', '.join(FILE_KINDS)}"
-        if kind != "transfer":
-            continue
+        if step in ("copy", "commit") and kind != "transfer":
+            continue  # plan and follow take every entry as a file to transfer; copy and commit go by kind
         missing = [key for key in _NEEDS.get(step, ()) if key not in f]
         if missing:
             return f"{where} ({name}) lacks {', '.join(missing)}"

@@ -942,6 +942,13 @@ def _retarget(entry, **changes):
         ("commit", lambda t, out: _retarget(t, size="-1"), "size '-1' is not a whole number >= 0"),
         ("commit", lambda t, out: _retarget(t, digest="x"), "digest is not a SHA-256 in hex"),
         ("plan", lambda t, out: _retarget(t, name="a/../../escaped"), "name 'a/../../escaped' is not a plain file"),
+        # plan and follow take every entry as a transfer: a kind must not excuse one from the checks
+        (
+            "follow",
+            lambda t, out: {"name": t["name"], "temp": str(out), "size": 1, "kind": "keep"},
+            "is not this file's temporary name",
+        ),
+        ("plan", lambda t, out: _retarget(t, kind="keep", size="big"), "size 'big' is not a whole number >= 0"),
     ],
 )
 def test_a_files_list_that_points_outside_dest_or_is_malformed_is_refused(
