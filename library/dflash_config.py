@@ -121,11 +121,21 @@ backup_file:
 
 import contextlib
 import os
+import stat
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_drafter import DFlashConfigError, generate
-from ansible.module_utils.safe_io import UnsafeFileError, atomic_write, read_regular, write_problem
+from ansible.module_utils.safe_io import (
+    UnsafeFileError,
+    atomic_write,
+    attributes_differ,
+    parse_mode,
+    read_regular,
+    resolve_owner,
+    set_attributes,
+    write_problem,
+)
 from ansible.module_utils.safetensors_header import SafetensorsError, inspect_path
 
 ARGUMENT_SPEC = {
@@ -200,8 +210,16 @@ def run(module: AnsibleModule) -> None:
         raw = _read_existing(dest)
     except UnsafeFileError as exc:
         module.fail_json(msg=f"{exc}; nothing was read or written (dest must be a regular config.json)")
+    # Owner, group and mode are set on a descriptor, never by path: the drafter directory belongs to
+    # the service account, which could swap config.json for a link between a check and a chmod.
+    current = os.lstat(dest) if raw is not None else None
+    try:
+        owner, mode = _wanted(module, current)
+    except UnsafeFileError as exc:
+        module.fail_json(msg=f"{exc}; nothing was written")
     before = None if raw is None else raw.decode("utf-8", "replace")
     changed = before != text
+    attributes_change = current is not None and attributes_differ(current, owner, mode)
     result = {"config": config, "inferred": report, "dest": dest}
     if module._diff:
         result["diff"] = {
@@ -215,7 +233,13 @@ def run(module: AnsibleModule) -> None:
         try:
             if p["backup"] and raw is not None:
                 backup = result["backup_file"] = _backup(dest, raw, os.lstat(dest).st_mode)
-            atomic_write(dest, text, 0o644, prefix=".config.json.")
+            atomic_write(
+                dest,
+                text,
+                0o644 if mode is None else mode,
+                None if owner == (-1, -1) else owner,
+                prefix=".config.json.",
+            )
         except (OSError, UnsafeFileError) as exc:
             if backup is not None:
                 # dest kept its bytes: a backup of them beside it would only look like a change happened.
@@ -226,10 +250,33 @@ def run(module: AnsibleModule) -> None:
             else:
                 problem, remedy = str(exc), "fix that and run again"
             module.fail_json(msg=f"cannot write {dest} ({problem}); it was left as it was: {remedy}")
+    elif attributes_change and not module.check_mode:
+        try:
+            set_attributes(dest, owner, mode, f"the existing {dest}")
+        except (OSError, UnsafeFileError) as exc:
+            problem = write_problem(exc, dest)[0] if isinstance(exc, OSError) else str(exc)
+            module.fail_json(msg=f"cannot set the owner or mode of {dest} ({problem}); its content is current")
+    changed = changed or attributes_change
+    # SELinux context and chattr attributes, if asked for (owner, group and mode are done above).
     file_args = module.load_file_common_arguments(p, path=dest)
+    file_args.update(owner=None, group=None, mode=None)
     if not (module.check_mode and not os.path.exists(dest)):
         changed = module.set_fs_attributes_if_different(file_args, changed)
     module.exit_json(changed=changed, **result)
+
+
+def _wanted(module: AnsibleModule, current: os.stat_result | None) -> tuple[tuple[int, int], int | None]:
+    """(uid, gid) (-1: as written) and mode (None: 0644 on a write, else as it is) from the file options."""
+    p = module.params
+    owner = resolve_owner(p["owner"], p["group"])
+    if p["mode"] is None:
+        return owner, None
+    now = 0o644 if current is None else stat.S_IMODE(current.st_mode)
+    return owner, parse_mode(p["mode"], now, _symbolic)
+
+
+def _symbolic(now: int, text: str) -> int:
+    return AnsibleModule._symbolic_mode_to_octal(os.stat_result((stat.S_IFREG | now,) + (0,) * 9), text)
 
 
 def main() -> None:

@@ -91,7 +91,12 @@ config:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.nvidia_gpu import check_container_config, parse_lxc_config, parse_proc_devices
+from ansible.module_utils.nvidia_gpu_probe import read_text as read_host_text
 from ansible.module_utils.nvidia_gpu_probe import stat_node
+from ansible.module_utils.safe_io import UnsafeFileError, read_text
+
+# A container config is a few KiB; Proxmox keeps snapshots in the same file, still far below this.
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
 
 def build_module() -> AnsibleModule:
@@ -112,12 +117,13 @@ def main() -> None:
     if gpu_count is not None and gpu_count < 0:
         module.fail_json(msg=f"gpu_count must not be negative, got {gpu_count}.")
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except OSError as exc:
+        # Only a regular file (a FIFO would hang), bounded, UTF-8; a symlink is followed (/etc/pve/lxc is one).
+        text = read_text(path, MAX_CONFIG_BYTES, f"the container config {path}", follow=True)
+    except (OSError, UnsafeFileError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
         module.fail_json(
             msg=(
-                f"Cannot read the container config {path} on this host ({exc.strerror}): check the "
+                f"Cannot read the container config {path} on this host ({reason}): check the "
                 "container id/name in the inventory (Proxmox: /etc/pve/lxc/<vmid>.conf) and that this is "
                 "the container's host."
             )
@@ -126,11 +132,8 @@ def main() -> None:
     names = [e["source"] for e in config["mount_entries"] if e["target"].startswith("/dev/nvidia")]
     names += [e["path"] for e in config["dev_entries"]]
     sources = {name: stat_node(name) for name in names}
-    try:
-        with open(module.params["proc_devices_path"], encoding="utf-8") as handle:
-            uvm_major = parse_proc_devices(handle.read()).get("nvidia-uvm")
-    except OSError:
-        uvm_major = None
+    devices = read_host_text(module.params["proc_devices_path"])
+    uvm_major = None if devices is None else parse_proc_devices(devices).get("nvidia-uvm")
     result = check_container_config(config, sources, gpu_count, uvm_major)
     for warning in result["warnings"]:
         module.warn(warning)

@@ -45,7 +45,7 @@ options:
     type: str
     default: libcuda.so.1
   timeout:
-    description: Seconds each nvidia-smi call and the smoke test may take.
+    description: Seconds each nvidia-smi call and the smoke test may take, 1 to 3600.
     type: int
     default: 60
   thresholds:
@@ -188,6 +188,10 @@ THRESHOLD_OPTIONS = {
 }
 
 
+# An hour: nvidia-smi answers in seconds; longer is a hang that the timeout must end.
+MAX_TIMEOUT_S = 3600
+
+
 def build_module() -> AnsibleModule:
     return AnsibleModule(
         argument_spec={
@@ -225,6 +229,14 @@ def main() -> None:
     module = build_module()
     if module.params["timeout"] < 1:
         module.fail_json(msg=f"timeout must be at least 1 second, got {module.params['timeout']} (0 would mean none).")
+    if module.params["timeout"] > MAX_TIMEOUT_S:
+        module.fail_json(
+            msg=f"timeout must be at most {MAX_TIMEOUT_S} seconds, got {module.params['timeout']}: a GPU query that"
+            " takes longer hangs."
+        )
+    for name in ("nvidia_smi_path", "driver_version_path", "dev_dir", "proc_dir", "libcuda"):
+        if "\x00" in (module.params[name] or ""):
+            module.fail_json(msg=f"{name} holds a NUL character, which no path can hold; check {name}.")
     thresholds = module.params["thresholds"] or {}
     util = thresholds.get("memory_utilization")
     if util is not None and not 0 < util <= 1:

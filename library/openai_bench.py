@@ -37,7 +37,7 @@ options:
     elements: int
     default: [1, 2, 4]
   requests_per_level:
-    description: Requests per level; default every prompt once and at least twice the level's concurrency.
+    description: Requests per level, at most 100000; default every prompt once and at least twice the level's concurrency.
     type: int
   max_tokens:
     description: Tokens to generate per request.
@@ -48,12 +48,12 @@ options:
     type: bool
     default: true
   warmup:
-    description: Unmeasured requests before the first level.
+    description: Unmeasured requests before the first level, at most 1000.
     type: int
     default: 1
   timeout:
     description:
-      - Seconds allowed for each request, start to last byte (a server trickling bytes cannot stretch it).
+      - Seconds allowed for each request, start to last byte (a server trickling bytes cannot stretch it); 1 to 86400.
       - Answers are capped (32 MiB, 1 MiB per stream line) and redirects are refused, so the API key never
         goes to another server; a cut stream fails its level.
     type: int
@@ -146,7 +146,7 @@ from ansible.module_utils.openai_bench import (
     validate_prompts,
     validate_sweep,
 )
-from ansible.module_utils.openai_http import Answer, HttpError, build_opener, send
+from ansible.module_utils.openai_http import Answer, HttpError, build_opener, send, settings_problem
 from ansible.module_utils.openai_probe import (
     MetricsParseError,
     SpecCounters,
@@ -154,6 +154,10 @@ from ansible.module_utils.openai_probe import (
     parse_prometheus_text,
     spec_decode_counters,
 )
+
+# Far beyond any useful run; a bigger count would only hold the play for days (or allocate forever).
+MAX_WARMUP = 1000
+MAX_REQUESTS_PER_LEVEL = 100000
 
 
 def build_module() -> AnsibleModule:
@@ -332,11 +336,15 @@ def run(module: AnsibleModule) -> dict:
 
 def validate(module: AnsibleModule) -> None:
     p = module.params
-    if not p["url"].startswith(("http://", "https://")):
-        module.fail_json(msg=f"url {p['url']!r} must start with http:// or https://, e.g. http://127.0.0.1:8000")
-    for name, low in (("max_tokens", 1), ("timeout", 1), ("warmup", 0), ("requests_per_level", 1)):
+    problem = settings_problem(p["url"], p["api_key"], p["timeout"])
+    if problem is not None:
+        module.fail_json(msg=problem)
+    for name, low in (("max_tokens", 1), ("warmup", 0), ("requests_per_level", 1)):
         if p[name] is not None and p[name] < low:
             module.fail_json(msg=f"{name} must be >= {low}, not {p[name]}")
+    for name, high in (("warmup", MAX_WARMUP), ("requests_per_level", MAX_REQUESTS_PER_LEVEL)):
+        if p[name] is not None and p[name] > high:
+            module.fail_json(msg=f"{name} must be at most {high}, not {p[name]}")
     try:
         validate_prompts(p["prompts"])
         validate_sweep(p["concurrency"])

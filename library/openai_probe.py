@@ -23,7 +23,7 @@ extends_documentation_fragment:
   - attributes.read_only
 options:
   requests:
-    description: Completions to send. C(0) reads C(/health) (and the unit) only.
+    description: Completions to send, at most 1000. C(0) reads C(/health) (and the unit) only.
     type: int
     default: 0
   prompt:
@@ -36,7 +36,7 @@ options:
     default: 64
   timeout:
     description:
-      - Seconds allowed for each HTTP request, start to last byte (a server trickling bytes cannot stretch it).
+      - Seconds allowed for each HTTP request, start to last byte (a server trickling bytes cannot stretch it); 1 to 86400.
       - Answers are capped at 32 MiB and redirects are refused, so the API key never goes to another server.
     type: int
     default: 60
@@ -145,7 +145,7 @@ import json
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.openai_http import HttpError, build_opener, send
+from ansible.module_utils.openai_http import HttpError, build_opener, send, settings_problem
 from ansible.module_utils.openai_probe import (
     MetricsParseError,
     SpecCounters,
@@ -160,6 +160,8 @@ from ansible.module_utils.openai_probe import (
 )
 
 SYSTEMCTL_PROPS = "ActiveState,SubState,NRestarts,Result,MainPID"
+# Each completion may take up to timeout seconds: a probe that sends more is a benchmark (openai_bench).
+MAX_REQUESTS = 1000
 _OPENER = build_opener()
 
 
@@ -283,8 +285,11 @@ def main() -> None:
             module.fail_json(
                 msg=f"{name} must be {'>= 0' if name in ('requests', 'max_restarts') else '>= 1'}, not {p[name]}"
             )
-    if not p["url"].startswith(("http://", "https://")):
-        module.fail_json(msg=f"url {p['url']!r} must start with http:// or https://, e.g. http://127.0.0.1:8000")
+    if p["requests"] > MAX_REQUESTS:
+        module.fail_json(msg=f"requests must be at most {MAX_REQUESTS} (a probe, not a benchmark), not {p['requests']}")
+    problem = settings_problem(p["url"], p["api_key"], p["timeout"])
+    if problem is not None:
+        module.fail_json(msg=problem)
     module.exit_json(**run(module))
 
 

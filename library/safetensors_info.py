@@ -112,6 +112,8 @@ def build_module() -> AnsibleModule:
 
 
 def run(module: AnsibleModule) -> None:
+    if not module.params["path"]:
+        module.fail_json(msg="path is empty; give a .safetensors file or the directory that holds the weights")
     try:
         checkpoint = inspect_path(module.params["path"], module.params["checksum"])
     except SafetensorsError as exc:

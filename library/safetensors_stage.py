@@ -182,6 +182,7 @@ from ansible.module_utils.model_stage import (
     check_space,
     describe,
     expected_digests,
+    file_entries_problem,
     fsync_path,
     leftovers,
     parse_sidecar,
@@ -942,6 +943,15 @@ def validate(params: dict[str, Any]) -> None:
             raise StageError(f"{name} is empty; give the path of the {'weights' if name == 'src' else 'directory'}")
         if "\x00" in str(value):
             raise StageError(f"{name} holds a NUL character, which no path can hold; check model_stage_{name}")
+    for name in ("owner", "group"):
+        if "\x00" in params[name]:
+            raise StageError(f"{name} {params[name]!r} holds a NUL character, which no {name} name can hold")
+    problem = file_entries_problem(params["files"], params["dest"], params["step"] or "plan")
+    if problem is not None:
+        raise StageError(
+            f"{problem}; files is what the safetensors_stage action sends its node steps: run the role or the"
+            " action, not a step by hand"
+        )
     if params["space_margin"] < 0:
         raise StageError(
             f"space_margin is {params['space_margin']}; it must be 0 or more bytes (a negative margin would turn the"

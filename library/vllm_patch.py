@@ -276,6 +276,9 @@ def main() -> None:
         module.fail_json(msg=str(exc), missing_sources=exc.sources)
     except ChangeSetError as exc:
         module.fail_json(msg=str(exc))
+    except OSError as exc:  # a path the module cannot use (too long, a loop of links): named, no traceback
+        where = exc.filename or module.params["venv"]
+        module.fail_json(msg=f"{str(where)[:300]}: {exc.strerror or exc}; check the venv and changeset_root paths")
     module.exit_json(**result)
 
 

@@ -117,6 +117,63 @@ def temp_name(name: str, size: int, mtime: int) -> str:
     return f"{TEMP_PREFIX}{name}.{size}-{mtime}{TEMP_SUFFIX}"
 
 
+FILE_KINDS = ("transfer", "keep", "remove", "generate_index")
+_NEEDS = {
+    "plan": ("origin", "size", "mtime"),
+    "follow": ("temp", "size"),
+    "copy": ("origin", "temp", "size", "mtime"),
+    "commit": ("origin", "temp", "size", "mtime", "digest", "digest_from"),
+}
+
+
+def file_entries_problem(files: list[Any] | None, dest: str, step: str) -> str | None:
+    """What is wrong with the ``files`` list the action plugin sends for ``step``, or None.
+
+    Every name is a plain file name, and every temporary file the one temp_name gives for that
+    name, size and mtime in ``dest``: nothing a step reads, writes or removes lies outside dest.
+    """
+    for i, f in enumerate(files or []):
+        where = f"files[{i}]"
+        if not isinstance(f, dict):
+            return f"{where} is not a mapping"
+        name = f.get("name")
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\x00" in name:
+            return f"{where}: name {str(name)[:80]!r} is not a plain file name"
+        kind = f.get("kind", "transfer")
+        if step == "commit" and kind not in FILE_KINDS:
+            return f"{where} ({name}): kind {str(kind)[:40]!r} is none of {', '.join(FILE_KINDS)}"
+        if step in ("copy", "commit") and kind != "transfer":
+            continue  # plan and follow take every entry as a file to transfer; copy and commit go by kind
+        missing = [key for key in _NEEDS.get(step, ()) if key not in f]
+        if missing:
+            return f"{where} ({name}) lacks {', '.join(missing)}"
+        numbers = {}
+        for key in ("size", "mtime"):
+            if key in f:
+                value = f[key]
+                if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).isdigit():
+                    return f"{where} ({name}): {key} {str(value)[:40]!r} is not a whole number >= 0"
+                numbers[key] = int(value)
+        if "stall" in f and not (isinstance(f["stall"], (int, float)) and 0 <= f["stall"] <= 3600):
+            return f"{where} ({name}): stall {str(f['stall'])[:40]!r} is not 0 to 3600 seconds"
+        if step == "commit" and not (isinstance(f["digest"], str) and _HEX64.match(f["digest"])):
+            return f"{where} ({name}): digest is not a SHA-256 in hex"
+        if "temp" in f:
+            temp = f["temp"]
+            if "mtime" in numbers:
+                good = temp == os.path.join(dest, temp_name(name, numbers["size"], numbers["mtime"]))
+            else:
+                base = os.path.basename(str(temp))
+                good = (
+                    os.path.dirname(str(temp)) == dest.rstrip("/")
+                    and base.startswith(f"{TEMP_PREFIX}{name}.")
+                    and base.endswith(TEMP_SUFFIX)
+                )
+            if not good:
+                return f"{where} ({name}): temp {str(temp)[:200]!r} is not this file's temporary name in {dest}"
+    return None
+
+
 def human(n: int) -> str:
     """Bytes as an operator reads them, with the exact count."""
     units = ["B", "KiB", "MiB", "GiB", "TiB"]

@@ -32,6 +32,7 @@ from ansible.module_utils.nvidia_gpu import (
     parse_smi_version,
     summarize_holders,
 )
+from ansible.module_utils.safe_io import read_regular
 
 
 class Runner:
@@ -71,18 +72,22 @@ print(lib.cuInit(0))
 """
 
 
+# /proc/driver/nvidia/version, /proc/devices, a process's comm and cgroup: a few KiB at most.
+MAX_TEXT_BYTES = 1024 * 1024
+
+
 def read_text(path: str) -> str | None:
+    """A small text file from /proc (None: unreadable); a FIFO, a huge file or a NUL in the path never hangs or raises."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except OSError:
+        return read_regular(path, MAX_TEXT_BYTES, follow=True).decode("utf-8", "replace")
+    except (OSError, ValueError):  # UnsafeFileError is a ValueError
         return None
 
 
 def stat_node(path: str) -> dict | None:
     try:
         info = os.stat(path)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in a path taken from a config file
         return None
     if not stat.S_ISCHR(info.st_mode):
         return {"char": False, "major": None, "minor": None}

@@ -20,6 +20,7 @@ import ssl
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -28,6 +29,38 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 # One server-sent event line carries one chunk of a few tokens.
 MAX_LINE_BYTES = 1024 * 1024
 _READ = 64 * 1024
+
+
+# A request that takes longer than a day is a hang, whatever the budget; beyond this the timers overflow.
+MAX_TIMEOUT_S = 24 * 3600
+
+
+def settings_problem(url: str, api_key: str | None, timeout: float) -> str | None:
+    """What is wrong with a server URL, API key and per-request timeout, or None when nothing is.
+
+    Never repeats the key: it names what is wrong with it only.
+    """
+    if not url.startswith(("http://", "https://")):
+        return f"url {url[:200]!r} must start with http:// or https://, e.g. http://127.0.0.1:8000"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"url {url[:200]!r} is not a valid URL ({exc}); give it as http://HOST:PORT, e.g. http://127.0.0.1:8000"
+    if not parts.hostname:
+        return f"url {url[:200]!r} names no host; give it as http://HOST:PORT, e.g. http://127.0.0.1:8000"
+    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
+        return f"url {url[:200]!r} holds a space or a control character; give the bare URL"
+    if port == 0:
+        return f"url {url[:200]!r} has port 0; give the port the server listens on"
+    if api_key and any(ord(c) < 0x20 or ord(c) >= 0x7F for c in api_key):
+        return (
+            "api_key holds a control or non-ASCII character (a trailing newline?), which an HTTP header cannot"
+            " carry; check where the key comes from (its value is not shown)"
+        )
+    if not 1 <= timeout <= MAX_TIMEOUT_S:
+        return f"timeout must be from 1 to {MAX_TIMEOUT_S} seconds, not {timeout}"
+    return None
 
 
 class HttpError(Exception):
@@ -210,10 +243,13 @@ def send(
     timeout: float,
 ) -> Answer:
     """Send one request; the answer (any HTTP status) must be read before ``timeout`` seconds from now."""
+    what = f"{method} {url}"
+    problem = settings_problem(url, headers.get("Authorization"), timeout)
+    if problem is not None:
+        raise HttpError(f"{what[:200]}: {problem}")
     deadline = time.monotonic() + timeout
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers=headers, method=method)
-    what = f"{method} {url}"
     watch = _Watch()
     timer = threading.Timer(timeout, watch.expire)
     timer.daemon = True

@@ -18,6 +18,7 @@ DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
+SPEC_COUNTERS = frozenset({DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS, GENERATION_TOKENS})
 
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
@@ -96,6 +97,9 @@ def spec_decode_counters(samples: list[Sample], model_name: str | None = None) -
     for s in samples:
         if model_name is not None and s.labels.get("model_name", model_name) != model_name:
             continue
+        if s.name in SPEC_COUNTERS and not (math.isfinite(s.value) and s.value >= 0):
+            # A counter is a count: NaN, Inf or a negative one would turn into a NaN acceptance length.
+            raise MetricsParseError(f"{s.name} is {s.value}, not a count; the server's /metrics is broken")
         if s.name == DRAFTS:
             out.drafts += s.value
             out.present = True
@@ -111,6 +115,9 @@ def spec_decode_counters(samples: list[Sample], model_name: str | None = None) -
             out.accepted_per_position[pos] = out.accepted_per_position.get(pos, 0.0) + s.value
         elif s.name == GENERATION_TOKENS:
             out.generation_tokens += s.value
+    totals = [out.drafts, out.draft_tokens, out.accepted_tokens, out.generation_tokens]
+    if not all(math.isfinite(v) for v in totals + list(out.accepted_per_position.values())):
+        raise MetricsParseError("the spec-decode counters add up past any count; the server's /metrics is broken")
     return out
 
 
@@ -165,7 +172,9 @@ def parse_systemctl_show(text: str) -> dict[str, str]:
 def unit_is_crashing(props: dict[str, str], max_restarts: int) -> str | None:
     """Why the unit cannot become healthy (failed, or restarted more than allowed), else None."""
     active = props.get("ActiveState", "")
-    restarts = int(props.get("NRestarts", "0") or 0)
+    count = props.get("NRestarts", "0") or "0"
+    # systemd prints an unsigned count; anything else (a garbled answer) is not a count of restarts.
+    restarts = int(count) if count.isascii() and count.isdigit() and len(count) <= 18 else 0
     if active == "failed":
         return f"the unit failed (Result={props.get('Result', 'unknown')}, {restarts} restart(s))"
     if active == "inactive" and props.get("Result", "success") != "success":

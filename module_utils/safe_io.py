@@ -19,12 +19,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import grp
 import json
 import os
+import pwd
 import re
 import secrets
 import stat
 import sys
+from collections.abc import Callable
 from typing import Any
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
@@ -131,6 +134,97 @@ def write_problem(exc: OSError, path: str) -> tuple[str, str]:
     return text, "fix that and run again"
 
 
+def resolve_owner(owner: str | int | None, group: str | int | None) -> tuple[int, int]:
+    """(uid, gid) for an owner and a group given by name or number; -1 (leave as is) for None.
+
+    Raises UnsafeFileError naming the one that does not exist on this host.
+    """
+    ids = []
+    for value, lookup, what in ((owner, _uid_of, "user"), (group, _gid_of, "group")):
+        if value is None or value == "":
+            ids.append(-1)
+            continue
+        text = str(value)
+        if text.isdigit():
+            ids.append(int(text))
+            continue
+        try:
+            ids.append(lookup(text))
+        except (KeyError, ValueError):
+            raise UnsafeFileError(
+                f"{what} {text[:60]!r} does not exist on this host; create it or give another"
+            ) from None
+    return ids[0], ids[1]
+
+
+def _uid_of(name: str) -> int:
+    return pwd.getpwnam(name).pw_uid
+
+
+def _gid_of(name: str) -> int:
+    return grp.getgrnam(name).gr_gid
+
+
+def parse_mode(value: str | int, current: int, symbolic: Callable[[int, str], int]) -> int:
+    """A file mode from Ansible's ``mode`` option: an octal string ('0640'), an int, or symbolic ('u=rw,g=r').
+
+    ``current`` is the file's mode now (0o644 for a new file); ``symbolic`` turns (current, text)
+    into a mode (AnsibleModule._symbolic_mode_to_octal). Raises UnsafeFileError for anything else.
+    """
+    if isinstance(value, int):
+        number = value
+    else:
+        try:
+            number = int(str(value), 8)
+        except ValueError:
+            try:
+                number = symbolic(current, str(value))
+            except Exception as exc:  # Ansible's converter raises ValueError or its own errors
+                raise UnsafeFileError(
+                    f"mode {str(value)[:60]!r} is neither octal ('0644') nor symbolic ('u=rw,go=r') ({exc})"
+                ) from None
+    if number < 0 or number != stat.S_IMODE(number):
+        raise UnsafeFileError(f"mode {str(value)[:60]!r} is not a file mode (permission bits only, such as '0644')")
+    return number
+
+
+def attributes_differ(st: os.stat_result, owner: tuple[int, int], mode: int | None) -> bool:
+    """Whether a file with ``st`` needs another owner, group (-1: any) or mode (None: any)."""
+    uid, gid = owner
+    return (
+        (uid != -1 and st.st_uid != uid)
+        or (gid != -1 and st.st_gid != gid)
+        or (mode is not None and stat.S_IMODE(st.st_mode) != mode)
+    )
+
+
+def set_attributes(path: str, owner: tuple[int, int], mode: int | None, what: str = "") -> bool:
+    """Give the regular file ``path`` that owner, group (-1: leave) and mode (None: leave), through a descriptor.
+
+    Never follows a symlink and never changes a file with other hard links (a link planted in a
+    directory another account owns would otherwise hand that account the file it points at).
+    Returns whether anything changed.
+    """
+    label = what or path
+    fd = open_regular(path, label)
+    try:
+        st = os.fstat(fd)
+        if not attributes_differ(st, owner, mode):
+            return False
+        if st.st_nlink != 1:
+            raise UnsafeFileError(
+                f"{label} has {st.st_nlink - 1} other hard link(s); its owner and mode are not changed: remove the"
+                " extra links (or the file) and run again"
+            )
+        if owner != (-1, -1):
+            os.fchown(fd, owner[0], owner[1])
+        if mode is not None:
+            os.fchmod(fd, mode)
+        return True
+    finally:
+        os.close(fd)
+
+
 def _create_temp(dfd: int, name: str, prefix: str, suffix: str) -> tuple[int, str]:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(100):
@@ -154,6 +248,8 @@ def open_regular(path: str, what: str = "", follow: bool = False) -> int:
         fd = os.open(path, flags)
     except FileNotFoundError:
         raise
+    except ValueError:  # an embedded NUL: no file has such a name
+        raise UnsafeFileError(f"{label!r} holds a NUL character, which no path can hold; check the path") from None
     except OSError as exc:
         if not follow and os.path.islink(path):
             raise UnsafeFileError(
@@ -191,6 +287,16 @@ def read_regular(path: str, limit: int, what: str = "", follow: bool = False) ->
     if len(data) > limit:
         raise UnsafeFileError(f"{label} is larger than {limit} bytes, more than such a file ever holds; check it")
     return data
+
+
+def read_text(path: str, limit: int, what: str = "", follow: bool = False) -> str:
+    """The UTF-8 text of the regular file ``path``, at most ``limit`` bytes; anything else names the file."""
+    label = what or path
+    data = read_regular(path, limit, label, follow)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnsafeFileError(f"{label} is not UTF-8 text ({exc.reason} at byte {exc.start}); check it") from None
 
 
 def loads_json(text: str | bytes, what: str, max_depth: int = MAX_JSON_DEPTH, **kwargs: Any) -> Any:

@@ -372,6 +372,8 @@ def _read_file_header(path: str, checksum: str, directory_ok: bool) -> FileHeade
     try:
         # O_NONBLOCK: a FIFO planted as a weights file must not hang the open (refused below).
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except ValueError:  # an embedded NUL
+        raise SafetensorsError(f"{path!r}: holds a NUL character, which no path can hold; check the path") from None
     except OSError as exc:
         if directory_ok and os.path.isdir(path):
             return None  # a directory this user may not open; listing it says why

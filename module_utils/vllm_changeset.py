@@ -90,13 +90,22 @@ class VllmInstall:
     dist_info: str
 
 
+# A wheel's METADATA is a few KiB (vLLM 0.20.1: 11 KB); far more is not one.
+MAX_METADATA_BYTES = 4 * 1024 * 1024
+
+
 def find_vllm(venv: str) -> VllmInstall:
     """Locate the vLLM distribution in ``venv`` from its dist-info METADATA.
 
     Never imports vLLM (the node may have no torch, and importing vLLM is slow).
     """
     root = Path(venv)
-    if not root.is_dir():
+    try:
+        is_dir = root.is_dir()
+    except (OSError, ValueError) as exc:  # a name too long, a NUL
+        why = getattr(exc, "strerror", None) or exc
+        raise ChangeSetError(f"The venv {venv[:200]!r} cannot be looked at ({why}); give the venv's path.") from None
+    if not is_dir:
         raise ChangeSetError(
             f"The venv {venv} does not exist. Install vLLM first (role vllm_install) "
             "or point the venv parameter at the directory that holds bin/ and lib/."
@@ -114,7 +123,12 @@ def find_vllm(venv: str) -> VllmInstall:
         meta = dist_info / "METADATA"
         if not meta.is_file():
             continue
-        text = meta.read_text(encoding="utf-8", errors="replace")
+        try:
+            text = read_regular(str(meta), MAX_METADATA_BYTES, follow=True).decode("utf-8", "replace")
+        except (OSError, UnsafeFileError) as exc:  # huge, or swapped for a FIFO since: never a hang
+            raise ChangeSetError(
+                f"vLLM's METADATA cannot be read: {exc}. Reinstall vLLM into the venv (role vllm_install)."
+            ) from None
         name = _NAME_RE.search(text)
         version = _VERSION_RE.search(text)
         if not name or name.group(1).lower() != "vllm" or not version:

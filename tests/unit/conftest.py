@@ -4,9 +4,10 @@ Triton's interpreter for the DDTree kernels' tests on the CPU."""
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,32 @@ def interpreter_scalar_index() -> Iterator[None]:
     interpreter._patch_lang_tensor = patched
     yield
     interpreter._patch_lang_tensor = original
+
+
+class Hung(BaseException):
+    """What ``deadline`` raises in a call that did not return in time (a BaseException: no `except Exception` in
+    the code under test can swallow it)."""
+
+
+@pytest.fixture
+def deadline() -> Iterator[Callable[[float], contextlib.AbstractContextManager[None]]]:
+    """``with deadline(s):`` fails the test when the block runs longer than ``s`` seconds (SIGALRM),
+    so a test of "never hangs" fails instead of hanging when the guard it tests is taken out."""
+
+    @contextlib.contextmanager
+    def within(seconds: float) -> Iterator[None]:
+        def expire(_signum: int, _frame: object) -> None:
+            raise Hung(f"still running after {seconds} s")
+
+        previous = signal.signal(signal.SIGALRM, expire)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+    yield within
 
 
 @pytest.fixture(scope="module")

@@ -212,6 +212,20 @@ def test_safetensors_info_module_fails_cleanly(tmp_path, capsys):
     assert "exceeds the 104857600-byte limit" in out["msg"]
 
 
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("", "path is empty; give a .safetensors file or the directory that holds the weights"),
+        ("/opt/a\x00b", "'/opt/a\\x00b': holds a NUL character, which no path can hold; check the path"),
+    ],
+)
+def test_safetensors_info_refuses_empty_and_nul_paths(capsys, path, message):
+    """A NUL in the path raised ValueError out of the module (issue 23, LOW)."""
+    out = run(safetensors_info, {"path": path}, capsys)
+    assert out["failed"] is True
+    assert out["msg"] == message
+
+
 # ------------------------------------------------------------------ hostile drafter directory (issue 23, items 1 and 3)
 
 
@@ -255,6 +269,63 @@ def test_the_write_and_its_backup_go_through_fresh_files_only(lab, capsys, monke
     assert all(excl and nofollow for _, excl, nofollow in seen)
     assert Path(out["backup_file"]).read_text() == '{"hand": "written"}\n'
     assert listing(drafter) == ["config.json", os.path.basename(out["backup_file"]), "model.safetensors"]
+
+
+@pytest.mark.parametrize("first", ["absent", "same content"])
+def test_owner_and_mode_are_set_on_the_descriptor_never_by_path(lab, capsys, monkeypatch, first):
+    """A chmod or chown by path in the service account's directory follows a link swapped in after the write:
+    owner, group and mode go on the new file's descriptor, or on an O_NOFOLLOW one (issue 23, item 1)."""
+    drafter, target = lab
+    if first == "same content":
+        run(dflash_config, args(drafter, target), capsys)
+    by_path = []
+    for name in ("chmod", "chown", "lchown", "lchmod"):
+        if hasattr(os, name):
+            real = getattr(os, name)
+            monkeypatch.setattr(
+                os, name, lambda path, *a, _n=name, _r=real, **kw: (by_path.append((_n, path)), _r(path, *a, **kw))[1]
+            )
+    out = run(dflash_config, {**args(drafter, target), "owner": "nobody", "group": "0", "mode": "u=rw,g=r,o="}, capsys)
+    monkeypatch.undo()
+    assert out["changed"] is True, out
+    assert by_path == []
+    st = (drafter / "config.json").stat()
+    assert (st.st_uid, st.st_gid, oct(st.st_mode & 0o7777)) == (65534, 0, "0o640")
+    assert (drafter / "config.json").read_text() == TINY_CONFIG
+    again = run(dflash_config, {**args(drafter, target), "owner": "nobody", "group": "0", "mode": "0640"}, capsys)
+    assert again["changed"] is False
+
+
+def test_a_hard_link_at_config_json_keeps_its_owner_and_mode(lab, capsys, tmp_path):
+    drafter, target = lab
+    run(dflash_config, args(drafter, target), capsys)
+    other = tmp_path / "elsewhere"
+    os.link(drafter / "config.json", other)
+    out = run(dflash_config, {**args(drafter, target), "owner": "nobody", "mode": "0600"}, capsys)
+    assert out["failed"] is True
+    assert out["msg"] == (
+        f"cannot set the owner or mode of {drafter / 'config.json'} (the existing {drafter / 'config.json'} has 1 other"
+        " hard link(s); its owner and mode are not changed: remove the extra links (or the file) and run again); its"
+        " content is current"
+    )
+    assert (other.stat().st_uid, oct(other.stat().st_mode & 0o777)) == (0, "0o644")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"owner": "no-such-user-x"}, "user 'no-such-user-x' does not exist on this host; create it or give another"),
+        ({"mode": "u=rwz"}, "mode 'u=rwz' is neither octal ('0644') nor symbolic ('u=rw,go=r')"),
+        ({"mode": "07777777"}, "mode '07777777' is not a file mode (permission bits only, such as '0644')"),
+    ],
+)
+def test_unknown_owners_and_bad_modes_are_refused_before_writing(lab, capsys, extra, message):
+    drafter, target = lab
+    out = run(dflash_config, {**args(drafter, target), **extra}, capsys)
+    assert out["failed"] is True
+    assert out["msg"].startswith(message)
+    assert out["msg"].endswith("; nothing was written")
+    assert listing(drafter) == ["model.safetensors"]
 
 
 @pytest.mark.parametrize(("name", "value", "what"), [("dest", "", "is empty"), ("target", "/a\x00b", "holds a NUL")])

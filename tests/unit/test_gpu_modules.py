@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import lxc_gpu_config
@@ -288,6 +289,68 @@ def test_a_zero_timeout_is_refused_not_taken_as_none(node, capsys):
     assert result["msg"] == "timeout must be at least 1 second, got 0 (0 would mean none)."
 
 
+def test_a_timeout_past_an_hour_is_refused(node, capsys):
+    """Issue 23: a huge timeout (10**30) let a hung nvidia-smi hold the play for ever."""
+    result = run(nvidia_gpu_facts, {**node.args(), "timeout": 3601}, capsys)
+    assert result["failed"] is True
+    assert result["msg"] == "timeout must be at most 3600 seconds, got 3601: a GPU query that takes longer hangs."
+    assert run(nvidia_gpu_facts, {**node.args(), "timeout": 3600}, capsys)["ok"] is True
+
+
+@pytest.mark.parametrize("name", ["nvidia_smi_path", "driver_version_path", "dev_dir", "proc_dir", "libcuda"])
+def test_a_nul_in_a_path_option_is_a_message(node, capsys, name):
+    """Issue 23: proc_dir "\\x00" raised ValueError (embedded null byte) out of the module."""
+    result = run(nvidia_gpu_facts, {**node.args(cuda_smoke_test=True), name: "a\x00b"}, capsys)
+    assert result["failed"] is True
+    assert result["msg"] == f"{name} holds a NUL character, which no path can hold; check {name}."
+
+
+def all_text_is_utf8(value) -> bool:
+    """What the controller accepts: no lone surrogates (undecodable bytes) anywhere in a result."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(all_text_is_utf8(k) and all_text_is_utf8(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(all_text_is_utf8(v) for v in value)
+    return True
+
+
+def test_non_utf8_nvidia_smi_output_reaches_the_controller_as_text(node, capsys, tmp_path):
+    """Undecodable bytes came back as lone surrogates, which the controller refuses (issue 23, LOW)."""
+    garbling = tmp_path / "nvidia-smi-garbled"
+    garbling.write_text(
+        f"#!/bin/bash\nset -o pipefail\n{sys.executable} {FAKE} \"$@\" | sed 's/NVIDIA H200/NVIDIA H\\xff200/g'\n"
+    )
+    garbling.chmod(0o755)
+    result = run(nvidia_gpu_facts, node.args(nvidia_smi_path=str(garbling)), capsys)
+    assert result["gpus"][0]["name"] == "NVIDIA H\ufffd200", result
+    assert all_text_is_utf8(result)
+
+
+@pytest.mark.parametrize("where", ["driver_version_path", "proc_dir"])
+def test_a_fifo_where_a_proc_file_should_be_never_hangs(node, capsys, tmp_path, deadline, where):
+    """open() of a FIFO blocks until a writer comes: the module hung on one (issue 23, LOW)."""
+    if where == "driver_version_path":
+        fifo = tmp_path / "version-fifo"
+        os.mkfifo(fifo)
+        args = node.args(driver_version_path=str(fifo))
+    else:
+        (node.proc / "devices").unlink()
+        os.mkfifo(node.proc / "devices")
+        args = node.args()
+    with deadline(10):
+        result = run(nvidia_gpu_facts, args, capsys)
+    if where == "driver_version_path":
+        assert result["ok"] is False  # the kernel's version cannot be read: named as a problem
+    assert "failed" not in result
+    assert all_text_is_utf8(result)
+
+
 # --------------------------------------------------------------------------- host side
 
 
@@ -341,3 +404,49 @@ def test_unreadable_container_config_fails_with_where_it_looked(host, capsys):
     result = run(lxc_gpu_config, {"config_path": str(host / "nope.conf")}, capsys)
     assert result["failed"] is True
     assert result["msg"].startswith(f"Cannot read the container config {host}/nope.conf on this host (No such file")
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (
+            b"lxc.mount.entry = /dev/nvidia0\xff dev/nvidia0 none bind\n",
+            "is not UTF-8 text (invalid start byte at byte 30)",
+        ),
+        (None, "is not a regular file (a FIFO)"),
+        (b"#" * (4 * 1024 * 1024 + 1), "is larger than 4194304 bytes"),
+    ],
+)
+def test_a_garbled_fifo_or_huge_container_config_is_a_message(host, capsys, deadline, content, reason):
+    """A non-UTF-8 config raised UnicodeDecodeError, a FIFO hung the module (issue 23, LOW)."""
+    path = host / "config"
+    if content is None:
+        os.mkfifo(path)
+    else:
+        path.write_bytes(content)
+    with deadline(10):
+        result = run(lxc_gpu_config, {"config_path": str(path), "proc_devices_path": str(host / "devices")}, capsys)
+    assert result["failed"] is True
+    assert result["msg"].startswith(
+        f"Cannot read the container config {path} on this host (the container config {path} {reason}"
+    )
+    assert result["msg"].endswith(
+        "check the container id/name in the inventory (Proxmox: /etc/pve/lxc/<vmid>.conf) and that this is the container's host."
+    )
+
+
+def test_nul_characters_in_the_config_path_or_its_entries_are_no_traceback(host, capsys, deadline):
+    config = lxc_config(host, ["nvidia0", "nvidiactl", "nvidia-uvm"])
+    config.write_bytes(config.read_bytes().replace(b"hostdev/nvidia0", b"hostdev/nvi\x00dia0"))
+    os.mkfifo(host / "devices-fifo")
+    with deadline(10):
+        result = run(
+            lxc_gpu_config,
+            {"config_path": str(config), "gpu_count": 1, "proc_devices_path": str(host / "devices-fifo")},
+            capsys,
+        )
+    assert result["ok"] is False
+    assert result["uvm_major"] is None
+    result = run(lxc_gpu_config, {"config_path": f"{host}/con\x00fig"}, capsys)
+    assert result["failed"] is True
+    assert "holds a NUL character, which no path can hold" in result["msg"]

@@ -17,10 +17,26 @@ import time
 import pytest
 from ansible.module_utils.dflash_drafter import DFlashConfigError, find_mask_token_id, read_target
 from ansible.module_utils.model_stage import parse_sidecar
-from ansible.module_utils.nvidia_gpu import NvidiaParseError, parse_query_gpu
+from ansible.module_utils.nvidia_gpu import (
+    NvidiaParseError,
+    check_container_config,
+    parse_compute_apps,
+    parse_kernel_driver_version,
+    parse_lxc_config,
+    parse_proc_devices,
+    parse_query_gpu,
+    parse_smi_version,
+)
 from ansible.module_utils.openai_bench import BenchError, parse_sse_line
+from ansible.module_utils.openai_probe import (
+    MetricsParseError,
+    parse_prometheus_text,
+    parse_systemctl_show,
+    spec_decode_counters,
+    unit_is_crashing,
+)
 from ansible.module_utils.safe_io import UnsafeFileError, loads_json
-from ansible.module_utils.safetensors_header import SafetensorsError, parse_header_bytes
+from ansible.module_utils.safetensors_header import SafetensorsError, inspect_path, parse_header_bytes
 from ansible.module_utils.vllm_changeset import ChangeSetError, parse_changeset
 from inventory_checks import type_problem
 from unit_values import unit_value_problems
@@ -138,3 +154,63 @@ def test_inventory_and_unit_values_never_raise():
         unit_value_problems({"a": text}, {"b": [text]}, {"c": {text: text}}, {"d": text})
 
     assert fuzz(b"Qwen3.6-27B --x=1", check, ()) > 0
+
+
+INDEX = json.dumps(
+    {"metadata": {"total_size": 16}, "weight_map": {"a.weight": "model-00001-of-00001.safetensors"}}
+).encode()
+METRICS = (
+    b'vllm:spec_decode_num_drafts_total{model_name="m",engine="0"} 10\n'
+    b'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"} 7\n'
+    b"vllm:spec_decode_num_accepted_tokens_total 15\n# HELP x y\n"
+)
+SYSTEMCTL = b"ActiveState=active\nSubState=running\nNRestarts=0\nResult=success\nMainPID=42\n"
+APPS = b"123, GPU-1, python3, 2426\n"
+LXC = (
+    b"lxc.cgroup2.devices.allow = c 195:* rwm\n"
+    b"lxc.mount.entry = /dev/nvidia0 dev/nvidia0 none bind,optional,create=file\ndev0: /dev/nvidia-uvm\n"
+)
+
+
+def test_shard_indexes(tmp_path):
+    (tmp_path / "model-00001-of-00001.safetensors").write_bytes(len(HEADER).to_bytes(8, "little") + HEADER + bytes(16))
+
+    def check(data: bytes) -> None:
+        (tmp_path / "model.safetensors.index.json").write_bytes(data)
+        inspect_path(str(tmp_path))
+
+    assert fuzz(INDEX, check, (SafetensorsError,)) > 0
+
+
+def test_metrics_bodies():
+    def check(data: bytes) -> None:
+        spec_decode_counters(parse_prometheus_text(data.decode("utf-8", "replace")), "m")
+
+    assert fuzz(METRICS, check, (MetricsParseError,)) > 0
+
+
+def test_systemctl_show_output_never_raises():
+    def check(data: bytes) -> None:
+        unit_is_crashing(parse_systemctl_show(data.decode("utf-8", "replace")), 2)
+
+    assert fuzz(SYSTEMCTL, check, ()) > 0
+
+
+def test_other_nvidia_smi_and_proc_texts():
+    def check(data: bytes) -> None:
+        text = data.decode("utf-8", "replace")
+        parse_proc_devices(text)
+        parse_kernel_driver_version(text)
+        parse_smi_version(text)
+        parse_compute_apps(text)
+
+    assert fuzz(APPS, check, (NvidiaParseError,)) > 0
+
+
+def test_container_configs_never_raise():
+    def check(data: bytes) -> None:
+        config = parse_lxc_config(data.decode("utf-8", "replace"))
+        names = [e["source"] for e in config["mount_entries"]] + [e["path"] for e in config["dev_entries"]]
+        check_container_config(config, {n: None for n in names}, 1, 238)
+
+    assert fuzz(LXC, check, ()) > 0

@@ -919,6 +919,66 @@ def test_follow_never_reads_through_a_link_or_a_fifo_at_the_temp(tmp_path, outsi
     assert safetensors_stage._follow_one(str(fifo), 10, 1.0) is None
 
 
+def _retarget(entry, **changes):
+    return {**entry, **changes}
+
+
+@pytest.mark.parametrize(
+    ("step", "edit", "message"),
+    [
+        (
+            "copy",
+            lambda t, out: _retarget(t, temp=str(out)),
+            "temp {out!r} is not this file's temporary name in {dest}",
+        ),
+        (
+            "follow",
+            lambda t, out: {"name": t["name"], "temp": str(out), "size": 1},
+            "is not this file's temporary name",
+        ),
+        ("commit", lambda t, out: _retarget(t, name="../escaped"), "name '../escaped' is not a plain file name"),
+        ("commit", lambda t, out: _retarget(t, kind="bogus"), "kind 'bogus' is none of transfer, keep, remove"),
+        ("commit", lambda t, out: {"name": t["name"], "kind": "transfer"}, "lacks origin, temp, size, mtime, digest"),
+        ("commit", lambda t, out: _retarget(t, size="-1"), "size '-1' is not a whole number >= 0"),
+        ("commit", lambda t, out: _retarget(t, digest="x"), "digest is not a SHA-256 in hex"),
+        ("plan", lambda t, out: _retarget(t, name="a/../../escaped"), "name 'a/../../escaped' is not a plain file"),
+        # plan and follow take every entry as a transfer: a kind must not excuse one from the checks
+        (
+            "follow",
+            lambda t, out: {"name": t["name"], "temp": str(out), "size": 1, "kind": "keep"},
+            "is not this file's temporary name",
+        ),
+        ("plan", lambda t, out: _retarget(t, kind="keep", size="big"), "size 'big' is not a whole number >= 0"),
+    ],
+)
+def test_a_files_list_that_points_outside_dest_or_is_malformed_is_refused(
+    src, tmp_path, capsys, outside, step, edit, message
+):
+    """The node steps trusted the files list: a temp or name outside dest was written, unlinked or renamed
+    there, and a malformed entry raised KeyError (issue 23: never a file written outside its destination)."""
+    dest = tmp_path / "dest"
+    args = {**hostile(src, dest), "files": [manifest(src)]}
+    planned = call({**args, "step": "plan"}, capsys)
+    transfer(planned)
+    entry = {**commit_files(planned)[0], "kind": "transfer"}
+    before = untouched(outside)
+    out = call({**args, "step": step, "files": [edit(entry, outside)]}, capsys)
+    assert out["failed"] is True, out
+    assert message.format(out=str(outside), dest=dest) in out["msg"]
+    assert out["msg"].endswith(
+        "files is what the safetensors_stage action sends its node steps: run the role or"
+        " the action, not a step by hand"
+    )
+    assert untouched(outside) == before
+    assert not os.path.lexists(tmp_path / "escaped")
+
+
+def test_an_owner_or_group_with_a_nul_is_a_message(src, tmp_path, capsys):
+    out = call({**base(src, tmp_path / "dest", owner="vllm\x00"), "step": "plan", "files": [manifest(src)]}, capsys)
+    assert out["failed"] is True
+    assert out["msg"] == "owner 'vllm\\x00' holds a NUL character, which no owner name can hold"
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

@@ -193,6 +193,8 @@ def test_still_loading_is_not_healthy(target, capsys, tmp_path):
         ),
         ({"max_tokens": 0}, "max_tokens must be >= 1, not 0"),
         ({"warmup": -1}, "warmup must be >= 0, not -1"),
+        ({"warmup": 1001}, "warmup must be at most 1000, not 1001"),
+        ({"requests_per_level": 100001}, "requests_per_level must be at most 100000, not 100001"),
         ({"prompts": []}, "the prompt set is empty: give at least one prompt"),
         ({"concurrency": [1, 1]}, "concurrency levels repeat: [1, 1]; give each level once"),
         (

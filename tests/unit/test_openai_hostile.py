@@ -223,3 +223,69 @@ def test_a_server_trickling_its_headers_hits_the_deadline_too(hostile, capsys):
     result = probe({"url": server.url, "timeout": 1}, capsys)
     assert time.monotonic() - started < 4
     assert result["error"] == f"GET {server.url}/health: no complete answer within 1 s; the server is too slow"
+
+
+BAD_SETTINGS = [
+    (
+        {"api_key": KEY + "\r\nX-Injected: 1"},
+        "api_key holds a control or non-ASCII character (a trailing newline?), which an HTTP header cannot carry;"
+        " check where the key comes from (its value is not shown)",
+    ),
+    ({"url": "http://[::1"}, "url 'http://[::1' is not a valid URL (Invalid IPv6 URL); give it as http://HOST:PORT"),
+    ({"url": "http://127.0.0.1:99999"}, "url 'http://127.0.0.1:99999' is not a valid URL (Port out of range 0-65535)"),
+    ({"url": "http://"}, "url 'http://' names no host; give it as http://HOST:PORT, e.g. http://127.0.0.1:8000"),
+    ({"url": "http://127.0.0.1:1/\r\nX: y"}, "holds a space or a control character; give the bare URL"),
+    ({"timeout": 10**30}, f"timeout must be from 1 to 86400 seconds, not {10**30}"),
+]
+
+
+@pytest.mark.parametrize("module", ["bench", "probe"])
+@pytest.mark.parametrize(("bad", "message"), BAD_SETTINGS)
+def test_settings_no_request_can_carry_are_refused_without_echoing_the_key(hostile, capsys, module, bad, message):
+    """An invalid URL or a huge timeout raised ValueError/OverflowError out of the modules, and a key with a
+    newline was echoed in http.client's 'Invalid header value' message (issue 23, LOW and item 2's rule)."""
+    server = hostile()
+    healthy(server)
+    args = {"url": server.url, "api_key": KEY, "timeout": 5, **bad}
+    if module == "bench":
+        out = bench({**args, "prompts": ["p"], "concurrency": [1]}, capsys)
+    else:
+        out = probe({**args, "requests": 1}, capsys)
+    assert out["failed"] is True, out
+    assert message in out["msg"]
+    assert KEY not in json.dumps(out)
+    assert server.seen == []
+
+
+def test_send_itself_refuses_what_no_request_can_carry():
+    with pytest.raises(HttpError, match=r"^GET http://\[::1/health: url 'http://\[::1/health' is not a valid URL"):
+        send(build_opener(), "GET", "http://[::1/health", {}, None, 5)
+    with pytest.raises(HttpError, match=r"api_key holds a control") as caught:
+        send(build_opener(), "GET", "http://127.0.0.1:9/health", {"Authorization": f"Bearer {KEY}\n"}, None, 5)
+    assert KEY not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "error"),
+    [
+        (
+            "/v1/completions",
+            b'{"choices": [{"text": "x"}], "usage": {"completion_tokens": 1e400}}',
+            "the server's answer is not what the OpenAI API returns: OverflowError",
+        ),
+        (
+            "/metrics",
+            b"vllm:spec_decode_num_drafts_total +Inf\n",
+            "vllm:spec_decode_num_drafts_total is inf, not a count; the server's /metrics is broken",
+        ),
+    ],
+)
+def test_numbers_past_any_count_in_a_completion_or_metrics_are_an_error(hostile, capsys, path, body, error):
+    """completion_tokens: 1e400 crashed the probe; an Inf counter gave a NaN acceptance length (issue 23)."""
+    server = hostile()
+    healthy(server)
+    server.behaviour["/v1/completions"] = fixed(b'{"choices": [{"text": "x"}], "usage": {"completion_tokens": 1}}')
+    server.behaviour[path] = fixed(body)
+    result = probe({"url": server.url, "requests": 1, "timeout": 5}, capsys)
+    assert result["error"].startswith(error), result
+    assert "mean_acceptance_length" not in result

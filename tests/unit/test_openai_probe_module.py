@@ -170,6 +170,10 @@ def test_unit_state_is_read_with_systemctl(monkeypatch, capsys, tmp_path):
             "url '127.0.0.1:8000' must start with http:// or https://, e.g. http://127.0.0.1:8000",
         ),
         ({"url": "http://x", "requests": -1}, "requests must be >= 0, not -1"),
+        (
+            {"url": "http://x", "requests": 1001},
+            "requests must be at most 1000 (a probe, not a benchmark), not 1001",
+        ),
         ({"url": "http://x", "timeout": 0}, "timeout must be >= 1, not 0"),
     ],
 )

@@ -65,6 +65,26 @@ def test_refuses_what_is_not_prometheus_text(text, message):
         parse_prometheus_text(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("vllm:spec_decode_num_drafts_total 1e400", r"vllm:spec_decode_num_drafts_total is inf, not a count"),
+        (
+            "vllm:spec_decode_num_accepted_tokens_total NaN",
+            r"vllm:spec_decode_num_accepted_tokens_total is nan, not a count",
+        ),
+        ("vllm:spec_decode_num_draft_tokens_total -4", r"vllm:spec_decode_num_draft_tokens_total is -4.0, not a count"),
+        ("vllm:spec_decode_num_drafts_total 1e308\nvllm:spec_decode_num_drafts_total 1e308", "add up past any count"),
+    ],
+)
+def test_spec_counters_that_are_no_count_are_refused(text, message):
+    """A hostile /metrics with Inf or NaN counters gave a NaN mean acceptance length (issue 23, item 6)."""
+    with pytest.raises(MetricsParseError, match=message):
+        spec_decode_counters(parse_prometheus_text(text))
+    # Other metrics may be anything Prometheus allows.
+    assert spec_decode_counters(parse_prometheus_text("vllm:some_gauge NaN\nvllm:other +Inf")).present is False
+
+
 def test_parse_labels_of_empty_set():
     assert parse_labels("") == {}
 
@@ -159,3 +179,10 @@ def test_systemctl_show_and_crash_detection():
     )
     assert unit_is_crashing({"ActiveState": "active", "SubState": "running", "NRestarts": "0"}, 2) is None
     assert unit_is_crashing({"ActiveState": "inactive", "Result": "success"}, 2) is None
+
+
+@pytest.mark.parametrize("restarts", ["\\u0", "x", "9" * 5000, "-1", "٣"])
+def test_a_garbled_restart_count_is_no_count_not_a_traceback(restarts):
+    """The fuzz suite found int() raising on a garbled NRestarts= line (issue 23: never a traceback)."""
+    assert unit_is_crashing({"ActiveState": "active", "NRestarts": restarts}, 2) is None
+    assert unit_is_crashing({"ActiveState": "active", "NRestarts": "3"}, 2) is not None

@@ -14,8 +14,11 @@ from ansible.module_utils.safe_io import (
     json_depth,
     loads_json,
     locked_attribute,
+    parse_mode,
     read_json,
     read_regular,
+    resolve_owner,
+    set_attributes,
     write_problem,
 )
 
@@ -132,6 +135,41 @@ def test_read_regular_refuses_symlink_fifo_directory_and_oversize(tmp_path):
         read_regular(str(tmp_path), 100)
     with pytest.raises(FileNotFoundError):
         read_regular(str(tmp_path / "absent"), 100)
+
+
+def test_set_attributes_goes_through_a_descriptor_and_never_through_a_link(tmp_path):
+    outside = tmp_path / "outside"
+    outside.write_text("root only\n")
+    os.chmod(outside, 0o600)
+    (tmp_path / "link").symlink_to(outside)
+    with pytest.raises(UnsafeFileError, match=r"link is a symlink"):
+        set_attributes(str(tmp_path / "link"), (65534, 65534), 0o644)
+    assert (outside.stat().st_uid, outside.stat().st_mode & 0o7777) == (0, 0o600)
+    assert set_attributes(str(outside), (65534, -1), 0o640) is True
+    assert (outside.stat().st_uid, outside.stat().st_gid, outside.stat().st_mode & 0o7777) == (65534, 0, 0o640)
+    assert set_attributes(str(outside), (-1, -1), None) is False
+    os.link(outside, tmp_path / "hard")
+    with pytest.raises(UnsafeFileError, match=r"has 1 other hard link\(s\)"):
+        set_attributes(str(outside), (0, 0), 0o600)
+
+
+def test_owner_names_and_modes_are_resolved_or_refused():
+    assert resolve_owner("root", "0") == (0, 0)
+    assert resolve_owner(None, "") == (-1, -1)
+    with pytest.raises(UnsafeFileError, match=r"group 'no-such-group-x' does not exist on this host"):
+        resolve_owner("root", "no-such-group-x")
+    with pytest.raises(UnsafeFileError, match=r"user 'a\\x00b' does not exist"):
+        resolve_owner("a\x00b", None)
+
+    def symbolic(now, text):
+        raise ValueError("bad symbolic mode")
+
+    assert parse_mode("0640", 0o644, symbolic) == 0o640
+    assert parse_mode(0o600, 0o644, symbolic) == 0o600
+    with pytest.raises(UnsafeFileError, match=r"is neither octal"):
+        parse_mode("u=x", 0o644, symbolic)
+    with pytest.raises(UnsafeFileError, match=r"is not a file mode"):
+        parse_mode("0170000", 0o644, symbolic)
 
 
 def test_json_depth_ignores_brackets_in_strings():

@@ -1007,3 +1007,31 @@ def test_a_record_lost_after_patching_is_written_by_the_next_run(venv, capsys):
     assert record_path.read_text() == good
     assert run_module(args, capsys)["changed"] is False
     assert first["changed"] is True
+
+
+def test_a_venv_or_changeset_root_no_path_can_name_is_a_message(venv, capsys):
+    """Issue 23: a path too long for the kernel raised OSError out of the module (a traceback)."""
+    long = "x" * 5000
+    out = run_module({"venv": long, "changeset_root": ROOT}, capsys)
+    assert out["failed"] is True
+    assert out["msg"] == f"The venv {long[:200]!r} cannot be looked at (File name too long); give the venv's path."
+    out = run_module({"venv": str(venv), "changeset_root": long}, capsys)
+    assert out["failed"] is True
+    assert out["msg"].endswith(": File name too long; check the venv and changeset_root paths")
+    assert len(out["msg"]) < 400
+
+
+def test_a_huge_metadata_is_named_not_read_whole(venv, capsys, deadline):
+    """Issue 23: METADATA was read whole, however big (a sparse 1 TiB one filled the memory). Just over the
+    limit here: without the bound the module goes on and patches."""
+    meta = site_of(venv) / "vllm-0.20.1.dist-info" / "METADATA"
+    limit = 4 * 1024 * 1024
+    with open(meta, "r+b") as fh:
+        fh.truncate(limit + 1)
+    with deadline(10):
+        out = run_module({"venv": str(venv), "changeset_root": ROOT}, capsys)
+    assert out["failed"] is True
+    assert out["msg"] == (
+        f"vLLM's METADATA cannot be read: {meta} is larger than {limit} bytes, more than such a"
+        " file ever holds; check it. Reinstall vLLM into the venv (role vllm_install)."
+    )
