@@ -12,6 +12,7 @@ take (the runtime then keeps torch indexing for them).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -177,3 +178,32 @@ def test_caches_the_kernels_cannot_take_are_moved_with_torch_indexing(dd):
     assert_same_caches(torch_way, kernel_way)
     tables = {key[0]: table for key, table in kernel_way[2]._tables.items()}
     assert tables["kv"] is None and tables["state"] is None and tables["window"] is not None
+
+
+def test_the_runner_s_new_caches_get_new_tables(dd):
+    """The runner forgets the tables when it allocates its caches, so none keeps the old caches
+    alive or points into them."""
+    g = torch.Generator().manual_seed(5)
+    budget = 4
+    step = random_step(dd, g, 2, budget)
+    rows = step.seq_positions.shape[0]
+    *_, (_caches, _groups, rt) = compact_both_ways(
+        dd, step, kv_caches(g, 2, 4, 8, 2, 5), torch.arange(rows), [], budget
+    )
+    assert len(rt._tables) == 1
+    rt.forget_tables()
+    assert rt._tables == {}
+    fresh = kv_caches(g, 2, 4, 8, 2, 5)
+    rt._step = step
+    rt.compact([(torch.arange(rows), fresh)], [], step.seq_positions.clone(), recurrent=[])
+    [table] = rt._tables.values()
+    assert table.ref.data_ptr() == fresh[0].data_ptr()
+
+
+def test_the_runner_forgets_the_tables_where_it_allocates_its_caches():
+    diff = (
+        Path(__file__).resolve().parents[2]
+        / "roles/ddtree_patch/files/vllm-0.20.1/patches/vllm__v1__worker__gpu_model_runner.py.diff"
+    ).read_text()
+    allocate = diff.index("initialize_kv_cache_tensors(")
+    assert "+            self.ddtree.forget_tables()" in diff[allocate : allocate + 800]

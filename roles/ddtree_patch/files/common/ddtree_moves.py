@@ -76,7 +76,9 @@ def window_table(windows: Sequence[tuple[int, torch.Tensor]]) -> LayerTable | No
     return _table(windows)
 
 
-@triton.jit
+# Counts that change from step to step are not specialised on (Triton compiles a variant for a
+# value of 1 and one divisible by 16): a first such step while serving would stall on a compile.
+@triton.jit(do_not_specialize=["moves_per_req"])
 def _move_kv(
     table,
     ref,
@@ -149,7 +151,7 @@ def move_kv(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_reqs"])
 def _copy_state(table, ref, groups, firsts, lasts, num_reqs, s_slot, numel, BLOCK: tl.constexpr):
     """Program (layer, request, block): state slot ``lasts[g, r]`` to ``firsts[g, r]``."""
     layer = tl.program_id(0)
@@ -186,7 +188,7 @@ def copy_states(table: LayerTable, firsts: torch.Tensor, lasts: torch.Tensor) ->
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_reqs"])
 def _gather_window(
     table,
     ref,

@@ -212,6 +212,11 @@ class DDTreeRuntime:
             self._warned.add(key)
             logger.warning(msg)
 
+    def forget_tables(self) -> None:
+        """Drop the layer tables: the runner calls this when it allocates its caches (again), so a
+        table never holds on to, or points into, caches that were replaced."""
+        self._tables.clear()
+
     def _table(self, kind: str, caches: list[tuple[int, torch.Tensor]]):
         """``ddtree_moves``' table of these caches (None: move them with torch indexing), made
         once: the caches are vLLM's persistent tensors, known here by their addresses."""
