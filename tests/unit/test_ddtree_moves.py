@@ -2,7 +2,7 @@
 
 ``compact`` (the runtime, vllm-0.20.1/added/ddtree.py) is run twice on the same step and the same
 caches: with torch indexing (the definition) and with the kernels in Triton's interpreter. The
-caches must come out byte for byte the same, for several layers and KV-cache groups, caches laid
+caches must come out byte for byte the same (compiled on a GPU where there is one), for several layers and KV-cache groups, caches laid
 out as vLLM lays them out (KV in a permuted physical order, recurrent states as views into pages
 larger than the state, convolution windows transposed), requests whose moved nodes land on rows
 another move leaves, requests without drafts or without a tree, and caches the kernels cannot
@@ -17,10 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
+# On a machine with an NVIDIA GPU the same tests run the compiled kernels on it (where programs
+# really run side by side), plus one cache too large for 32-bit offsets.
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
 pytestmark = [
     pytest.mark.skipif(
-        torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1",
-        reason="runs the kernels in Triton's interpreter (CPU)",
+        DEV.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1",
+        reason="runs the kernels on a GPU, or in Triton's interpreter (TRITON_INTERPRET=1) on the CPU",
     ),
     pytest.mark.usefixtures("interpreter_scalar_index"),  # tests/unit/conftest.py
 ]
@@ -50,23 +54,24 @@ def random_step(dd, g: torch.Generator, num_reqs: int, budget: int, *, no_drafts
     accepted[~has_tree] = -1
     return dd._StepTrees(
         num_reqs=num_reqs,
-        has_drafts=has_drafts,
-        has_tree=has_tree,
-        num_drafts=torch.where(has_drafts, budget, 0),
-        query_start=torch.arange(num_reqs) * (budget + 3),
-        parent=parent,
-        depth=depth,
-        ancestor_mask=torch.zeros(num_reqs, budget + 1, budget + 1, dtype=torch.bool),
-        seq_positions=torch.zeros(num_reqs * (budget + 3), dtype=torch.int64),
-        accepted_nodes=accepted,
-        num_accepted=(accepted >= 0).sum(1),
+        has_drafts=has_drafts.to(DEV),
+        has_tree=has_tree.to(DEV),
+        num_drafts=torch.where(has_drafts, budget, 0).to(DEV),
+        query_start=(torch.arange(num_reqs) * (budget + 3)).to(DEV),
+        parent=parent.to(DEV),
+        depth=depth.to(DEV),
+        ancestor_mask=torch.zeros(num_reqs, budget + 1, budget + 1, dtype=torch.bool, device=DEV),
+        seq_positions=torch.zeros(num_reqs * (budget + 3), dtype=torch.int64, device=DEV),
+        accepted_nodes=accepted.to(DEV),
+        num_accepted=(accepted >= 0).sum(1).to(DEV),
     )
 
 
 def kv_caches(g: torch.Generator, layers: int, blocks: int, block: int, heads: int, dim: int) -> list[torch.Tensor]:
     """``[2, blocks, block, heads, dim]`` caches stored heads-first (a permuted physical layout)."""
     return [
-        torch.randn(2, blocks, heads, block, dim, generator=g).to(torch.bfloat16).transpose(2, 3) for _ in range(layers)
+        torch.randn(2, blocks, heads, block, dim, generator=g).to(DEV, torch.bfloat16).transpose(2, 3)
+        for _ in range(layers)
     ]
 
 
@@ -78,13 +83,15 @@ def recurrent_groups(dd, g: torch.Generator, num_reqs: int, budget: int, groups:
     out = []
     for _ in range(groups):
         convs = [
-            torch.randn(slots, WIDTH - 1 + budget, 6, generator=g).to(torch.bfloat16).transpose(1, 2)
+            torch.randn(slots, WIDTH - 1 + budget, 6, generator=g).to(DEV, torch.bfloat16).transpose(1, 2)
             for _ in range(layers)
         ]
-        pages = [torch.randn(slots, 2 * 60, generator=g) for _ in range(layers)]
+        pages = [torch.randn(slots, 2 * 60, generator=g).to(DEV) for _ in range(layers)]
         states = [p[:, 60:].view(slots, 3, 4, 5) for p in pages]
         table = torch.randperm(slots, generator=g)[: num_reqs * (budget + 1)].view(num_reqs, budget + 1)
-        out.append(dd.RecurrentGroup(conv_states=convs, ssm_states=states, state_slots=table.int(), width=WIDTH))
+        out.append(
+            dd.RecurrentGroup(conv_states=convs, ssm_states=states, state_slots=table.int().to(DEV), width=WIDTH)
+        )
     return out
 
 
@@ -95,7 +102,7 @@ def compact_both_ways(dd, step, kv, slot_mapping, recurrent, budget: int):
         rt = dd.DDTreeRuntime(
             budget=budget,
             depth=budget,
-            device=torch.device("cpu"),
+            device=DEV,
             max_num_reqs=step.num_reqs,
             max_num_tokens=step.seq_positions.shape[0],
             move_kernels=kernels,
@@ -132,7 +139,7 @@ def test_the_kernels_move_every_layer_as_torch_indexing_does(dd, seed):
     budget, num_reqs = 6, 4
     step = random_step(dd, g, num_reqs, budget, no_drafts=(2,), no_tree=(3,))
     rows = step.seq_positions.shape[0]
-    slot_mapping = torch.randperm(4 * 8, generator=g)[:rows]  # a block table that is not the identity
+    slot_mapping = torch.randperm(4 * 8, generator=g)[:rows].to(DEV)  # a block table that is not the identity
     kv = kv_caches(g, layers=3, blocks=4, block=8, heads=2, dim=5)
     recurrent = recurrent_groups(dd, g, num_reqs, budget, groups=2, layers=2)
     torch_way, kernel_way = compact_both_ways(dd, step, kv, slot_mapping, recurrent, budget)
@@ -155,12 +162,12 @@ def test_moved_nodes_that_land_on_rows_other_moves_leave_are_read_first(dd):
     g = torch.Generator().manual_seed(7)
     budget = 4
     step = random_step(dd, g, 1, budget)
-    step.parent = torch.tensor([[-1, -1, 1, 2]])
-    step.depth = torch.tensor([[1, 1, 2, 3]])
-    step.accepted_nodes = torch.tensor([[1, 2, 3, -1]])
-    step.num_accepted = torch.tensor([3])
-    kv = [torch.arange(2 * 1 * 8, dtype=torch.float32).view(2, 1, 8, 1, 1)]
-    torch_way, kernel_way = compact_both_ways(dd, step, kv, torch.arange(8), [], budget)
+    step.parent = torch.tensor([[-1, -1, 1, 2]], device=DEV)
+    step.depth = torch.tensor([[1, 1, 2, 3]], device=DEV)
+    step.accepted_nodes = torch.tensor([[1, 2, 3, -1]], device=DEV)
+    step.num_accepted = torch.tensor([3], device=DEV)
+    kv = [torch.arange(2 * 1 * 8, dtype=torch.float32, device=DEV).view(2, 1, 8, 1, 1)]
+    torch_way, kernel_way = compact_both_ways(dd, step, kv, torch.arange(8, device=DEV), [], budget)
     assert kernel_way[0][0][0, 0, :5, 0, 0].tolist() == [0, 2, 3, 4, 4]
     assert_same_caches(torch_way, kernel_way)
 
@@ -174,7 +181,7 @@ def test_caches_the_kernels_cannot_take_are_moved_with_torch_indexing(dd):
     kv = kv_caches(g, layers=1, blocks=4, block=8, heads=2, dim=5) + kv_caches(g, 1, 4, 8, 2, 3)
     recurrent = recurrent_groups(dd, g, num_reqs, budget, groups=1, layers=2)
     recurrent[0].ssm_states[1] = recurrent[0].ssm_states[1].transpose(1, 2)  # a state that is not contiguous
-    torch_way, kernel_way = compact_both_ways(dd, step, kv, torch.arange(rows), recurrent, budget)
+    torch_way, kernel_way = compact_both_ways(dd, step, kv, torch.arange(rows, device=DEV), recurrent, budget)
     assert_same_caches(torch_way, kernel_way)
     tables = {key[0]: table for key, table in kernel_way[2]._tables.items()}
     assert tables["kv"] is None and tables["state"] is None and tables["window"] is not None
@@ -188,14 +195,14 @@ def test_the_runner_s_new_caches_get_new_tables(dd):
     step = random_step(dd, g, 2, budget)
     rows = step.seq_positions.shape[0]
     *_, (_caches, _groups, rt) = compact_both_ways(
-        dd, step, kv_caches(g, 2, 4, 8, 2, 5), torch.arange(rows), [], budget
+        dd, step, kv_caches(g, 2, 4, 8, 2, 5), torch.arange(rows, device=DEV), [], budget
     )
     assert len(rt._tables) == 1
     rt.forget_tables()
     assert rt._tables == {}
     fresh = kv_caches(g, 2, 4, 8, 2, 5)
     rt._step = step
-    rt.compact([(torch.arange(rows), fresh)], [], step.seq_positions.clone(), recurrent=[])
+    rt.compact([(torch.arange(rows, device=DEV), fresh)], [], step.seq_positions.clone(), recurrent=[])
     [table] = rt._tables.values()
     assert table.ref.data_ptr() == fresh[0].data_ptr()
 
@@ -207,3 +214,22 @@ def test_the_runner_forgets_the_tables_where_it_allocates_its_caches():
     ).read_text()
     allocate = diff.index("initialize_kv_cache_tensors(")
     assert "+            self.ddtree.forget_tables()" in diff[allocate : allocate + 800]
+
+
+@pytest.mark.skipif(DEV.type != "cuda", reason="needs a GPU with about 40 GiB free")
+def test_caches_past_32_bit_offsets_are_moved_where_they_are(dd):
+    """Two layers of 4.5 GB uint8 KV caches: the moved slots sit at the end, so their offsets, and
+    the V half's offset from K, are past 2**31 (an H200's cache is more than 100 GiB)."""
+    if torch.cuda.mem_get_info()[0] < 40 * 2**30:
+        pytest.skip("less than 40 GiB free on the GPU")
+    g = torch.Generator().manual_seed(11)
+    budget, num_reqs, blocks = 6, 3, 1_100_000
+    step = random_step(dd, g, num_reqs, budget)
+    rows = step.seq_positions.shape[0]
+    kv = [torch.randint(0, 256, (2, blocks, 16, 1, 128), dtype=torch.uint8, device=DEV) for _ in range(2)]
+    assert kv[0][1].data_ptr() - kv[0].data_ptr() > 2**31
+    slot_mapping = blocks * 16 - 1 - torch.arange(rows, device=DEV)
+    torch_way, kernel_way = compact_both_ways(dd, step, kv, slot_mapping, [], budget)
+    assert_same_caches(torch_way, kernel_way)
+    assert not torch.equal(kv[1], torch_way[0][1])
+    assert [t is not None for t in kernel_way[2]._tables.values()] == [True]
