@@ -44,7 +44,9 @@ options:
         digest. Without it every file is checked against the digest of its source.
     type: raw
   owner:
-    description: Owner of the staged files and of I(dest); must exist on the node.
+    description:
+      - Owner of the staged files; must exist on the node. I(dest) itself is owned by root (with
+        I(group)), so that no service account can create entries in it.
     type: str
     required: true
   group:
@@ -56,7 +58,8 @@ options:
     type: str
     default: "0640"
   dir_mode:
-    description: Mode of I(dest) when this module creates it or fixes it.
+    description:
+      - Mode of I(dest) when this module creates it or fixes it; no write bit for the group or others.
     type: str
     default: "0750"
   space_margin:
@@ -167,6 +170,7 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.model_stage import (
+    DIR_UID,
     INDEX_NAME,
     MAX_RECORD_BYTES,
     SIDECAR_NAME,
@@ -232,6 +236,9 @@ def _mode(text: str, what: str) -> int:
         raise StageError(f"{what} {text!r} is not an octal mode such as '0640'") from None
     if value < 0 or value > 0o7777:
         raise StageError(f"{what} {text!r} is not a file mode")
+    if what == "dir_mode" and value & 0o022:
+        # A directory the group (the service account) or anyone may write into lets them plant links.
+        raise StageError(f"dir_mode {text!r} lets the group or others create entries in dest; use 0750 or 0755")
     return value
 
 
@@ -397,6 +404,10 @@ def plan(module: AnsibleModule) -> dict[str, Any]:
     dir_missing = not os.path.isdir(dest)
     if dir_missing:
         actions.insert(0, f"create {dest}")
+    else:
+        st = os.stat(dest)
+        if (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) != (DIR_UID, gid, dir_mode):
+            actions.insert(0, f"set owner root, group {p['group']} and mode {oct(dir_mode)[2:]:0>4} of {dest}")
     left = leftovers(dest)
     actions += [f"remove {p} (left over from an interrupted replacement of the file set)" for p in left]
     actions += [f"remove {n} (not a regular file, where only this module's temporary files go)" for n in odd]
@@ -410,8 +421,8 @@ def plan(module: AnsibleModule) -> dict[str, Any]:
         if dir_missing:
             os.makedirs(dest, mode=0o755, exist_ok=True)
         st = os.stat(dest)
-        if (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) != (uid, gid, dir_mode):
-            os.chown(dest, uid, gid)
+        if (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) != (DIR_UID, gid, dir_mode):
+            os.chown(dest, DIR_UID, gid)
             os.chmod(dest, dir_mode)
             changed = True
         for t in the_plan.stale_temps:

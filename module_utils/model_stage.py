@@ -41,6 +41,11 @@ SINGLE_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 SIDECAR_NAME = ".model_stage.json"
 TEMP_PREFIX = ".model_stage-"
+# The directory's owner. Root, not the service account: an account that owns the directory can
+# plant a link under a temporary name between a plan and the write that follows it (rsync opens its
+# temp by name, following links); in a root-owned directory it can create nothing. The service
+# account reads through the group (issue 23).
+DIR_UID = 0
 TEMP_SUFFIX = ".part"
 SWAP_PREFIX = ".model_stage-swap-"
 SIDECAR_VERSION = 1
@@ -615,7 +620,7 @@ def _fill_set(real: str, staging: str, new: NewSet, uid: int, gid: int, dir_mode
             )
     for name, (text, mode) in sorted(new.write.items()):
         atomic_write(os.path.join(staging, name), text, mode, (uid, gid), prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX)
-    os.chown(staging, uid, gid)
+    os.chown(staging, DIR_UID, gid)
     os.chmod(staging, dir_mode)
     fsync_path(staging)
 

@@ -162,7 +162,8 @@ def unchanged_on_node(listing: str, sources: list[dict[str, Any]], args: dict[st
     want_mode, want_dir = int(str(args.get("mode") or "0640"), 8), int(str(args.get("dir_mode") or "0750"), 8)
     owner = (str(args["owner"]), str(args["group"]))
     top = entries.pop("", None)
-    if top is None or top[5] != "d" or top[2:4] != owner or top[4] != want_dir:
+    # dest itself is root's (the module's DIR_UID), with the files' group.
+    if top is None or top[5] != "d" or top[2:4] != ("root", owner[1]) or top[4] != want_dir:
         return None
     if len(sources) > 1 and not any(f["name"] == INDEX_NAME for f in sources):
         return None  # a generated index: the node compares it with the shards' headers

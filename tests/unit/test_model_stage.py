@@ -8,6 +8,8 @@ import json
 import os
 import pwd
 import shutil
+import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -1147,3 +1149,44 @@ def test_a_read_only_filesystem_while_swapping_a_shard_set_leaves_the_old_set(ex
         assert sorted(os.listdir(ext4_dir)) == listed
     _, done = stage(args, capsys)
     assert done["swapped"] is True
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to stage for another account")
+def test_the_service_account_reads_dest_but_can_create_nothing_in_it(src, capsys, request):
+    """Issue 23: an account that owns dest can plant a link at a temp name between the plan and
+    rsync's write (rsync opens its temp by name, following links). dest is root's, with the
+    account's group: it reads the weights and creates nothing."""
+    base_dir = Path(tempfile.mkdtemp(dir="/var/tmp"))  # pytest's own tmp_path sits under a 0700 directory
+    request.addfinalizer(lambda: shutil.rmtree(base_dir))
+    base_dir.chmod(0o755)
+    dest = base_dir / "dest"
+    dest.mkdir()
+    os.chown(dest, 65534, 65534)  # left owned by the account, as an earlier release of this module did
+    args = {**base(src, dest), "owner": "nobody", "group": "nogroup", "files": [manifest(src)]}
+    checked = call({**args, "step": "plan"}, capsys, check=True)
+    assert checked["changed"] is True
+    assert checked["actions"][0] == f"set owner root, group nogroup and mode 0750 of {dest}"
+    assert dest.stat().st_uid == 65534  # --check changed nothing
+    planned = call({**args, "step": "plan"}, capsys)
+    transfer(planned)
+    call({**args, "step": "commit", "files": commit_files(planned)}, capsys)
+    st, weights = dest.stat(), (dest / "model.safetensors").stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, 65534, 0o750)
+    assert (weights.st_uid, weights.st_gid) == (65534, 65534)
+    as_account = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    planted = subprocess.run(
+        [*as_account, "ln", "-s", "/etc/passwd", str(dest / ".model_stage-x.part")], capture_output=True, text=True
+    )
+    assert planted.returncode != 0 and "Permission denied" in planted.stderr
+    read = subprocess.run([*as_account, "head", "-c", "8", str(dest / "model.safetensors")], capture_output=True)
+    assert read.returncode == 0 and len(read.stdout) == 8
+    assert call({**args, "step": "plan"}, capsys)["changed"] is False
+
+
+@pytest.mark.parametrize("mode", ["0770", "0757", "0775"])
+def test_a_dest_mode_that_lets_others_create_entries_is_refused(src, tmp_path, capsys, mode):
+    dest = tmp_path / "dest"
+    out = call({**base(src, dest), "dir_mode": mode, "step": "plan", "files": [manifest(src)]}, capsys)
+    assert out["failed"] is True
+    assert out["msg"] == f"dir_mode {mode!r} lets the group or others create entries in dest; use 0750 or 0755"
+    assert not dest.exists()

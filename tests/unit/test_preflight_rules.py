@@ -101,6 +101,13 @@ CASES = [
     ),
     (
         "model_stage",
+        {**MODEL_STAGE_OK, "model_stage_dir_mode": "0770"},
+        'model_stage: model_stage_dir_mode is "0770"; write it as an octal string such as "0750", with no write bit for'
+        " the group or others (the service account must not create entries in the drafter's directory)."
+        " Fix the inventory; nothing was changed.",
+    ),
+    (
+        "model_stage",
         {**MODEL_STAGE_OK, "shared_settings_target_dir": "/opt/models/Qwen3.6-27B-DFlash/"},
         'model_stage: shared_settings_drafter_dir and shared_settings_target_dir are both "/opt/models/Qwen3.6-27B-DFlash"; the'
         " drafter needs a directory of its own, not the target model's. Fix the inventory; nothing was changed.",

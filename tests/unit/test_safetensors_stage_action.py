@@ -61,7 +61,7 @@ SIDECAR = (
     ' "size": 268435664, "source": "/w/a.safetensors"}}, "version": 1}'
 )
 LISTING = (
-    "|4096|1796026849.9072278980|vllm|vllm|750|d\r\n"
+    "|4096|1796026849.9072278980|root|vllm|750|d\r\n"
     "model.safetensors|268435664|1796026301.1552340770|vllm|vllm|640|f\r\n"
     ".model_stage.json|247|1796026849.9011244160|vllm|vllm|644|f\r\n"
     "--model-stage-sidecar--\r\n" + SIDECAR + "\r\n"
@@ -85,6 +85,7 @@ def test_quick_check_sees_an_unchanged_node(action):
         (LISTING, SOURCES, {**ARGS, "owner": "root"}),  # owner drifted
         (LISTING, SOURCES, {**ARGS, "mode": "0644"}),  # mode drifted
         (LISTING, SOURCES, {**ARGS, "dir_mode": "0755"}),  # directory mode drifted
+        (LISTING.replace("|root|vllm|750|d", "|vllm|vllm|750|d"), SOURCES, ARGS),  # the service account owns dest
         (LISTING, [{**SOURCES[0], "sha256": "0" * 64}], ARGS),  # the inventory expects another digest
         (LISTING.replace(".model_stage.json|", ".model_stage-x.1-1.part|"), SOURCES, ARGS),  # a stale temp
         (LISTING.replace("model.safetensors|", "model-00001.safetensors|x|"), SOURCES, ARGS),  # unparsable
