@@ -18,6 +18,7 @@ from ansible.module_utils.nvidia_gpu import (
     QUERY_APPS_FIELDS,
     QUERY_GPU_FIELDS,
     NvidiaParseError,
+    check_container_config,
     check_device_nodes,
     check_driver_versions,
     classify_nvidia_smi_failure,
@@ -27,6 +28,7 @@ from ansible.module_utils.nvidia_gpu import (
     merge_app_holders,
     parse_compute_apps,
     parse_kernel_driver_version,
+    parse_lxc_config,
     parse_proc_devices,
     parse_query_gpu,
     parse_smi_version,
@@ -268,4 +270,50 @@ def gather(runner: Runner, options: dict[str, Any] | None = None) -> dict[str, A
         "majors": majors,
         "cuda_init": cuda,
         "holders": holders,
+    }
+
+
+# lxc_gpu_config's options: the module and its action plugin (which runs it in-process on the
+# controller) validate against the same spec.
+LXC_GPU_CONFIG_ARGS: dict[str, dict[str, Any]] = {
+    "config_path": {"type": "path", "required": True},
+    "gpu_count": {"type": "int"},
+    "proc_devices_path": {"type": "path", "default": "/proc/devices"},
+}
+
+
+class ContainerConfigUnreadable(Exception):
+    """The container config cannot be read; the message says where it looked and what to check."""
+
+
+def check_container_config_file(path: str, gpu_count: int | None, proc_devices_path: str = "/proc/devices") -> dict:
+    """lxc_gpu_config's result for the container config at path, read on this host (the container's):
+    each GPU device node it passes in and how, the host's device nodes it binds, the problems."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise ContainerConfigUnreadable(
+            f"Cannot read the container config {path} on this host ({exc.strerror}): check the "
+            "container id/name in the inventory (Proxmox: /etc/pve/lxc/<vmid>.conf) and that this is "
+            "the container's host."
+        ) from exc
+    config = parse_lxc_config(text)
+    names = [e["source"] for e in config["mount_entries"] if e["target"].startswith("/dev/nvidia")]
+    names += [e["path"] for e in config["dev_entries"]]
+    sources = {name: stat_node(name) for name in names}
+    try:
+        with open(proc_devices_path, encoding="utf-8") as handle:
+            uvm_major = parse_proc_devices(handle.read()).get("nvidia-uvm")
+    except OSError:
+        uvm_major = None
+    result = check_container_config(config, sources, gpu_count, uvm_major)
+    return {
+        "ok": not result["problems"],
+        "problems": result["problems"],
+        "warnings_found": result["warnings"],
+        "devices": result["devices"],
+        "sources": sources,
+        "uvm_major": uvm_major,
+        "config": config,
     }
