@@ -240,12 +240,36 @@ def _drafts(llm) -> float:
     return 0.0
 
 
-PROFILE_TOKENS = 24  # decode steps of the profiled pass (context 512, batch 1)
+PROFILE_TOKENS = 24  # decode steps of the profiled pass (context 512)
 
 
-def run_case(shape: str, method: str, root: Path, tokens: int, profile: Path | None = None) -> list[dict[str, Any]]:
-    """One vLLM process: every (batch, context) pair of one (shape, method); with ``profile``, then a
-    torch-profiled decode at context 512, batch 1, summarised into ``profile`` (step_profile.py)."""
+def parse_pairs(text: str | None) -> list[tuple[int, int]]:
+    """``"8x512,1x8192"`` -> [(8, 512), (1, 8192)] (batch x context); None or "" -> every pair."""
+    if not text:
+        return [(b, c) for c in CONTEXTS for b in BATCHES]
+    pairs = []
+    for item in text.split(","):
+        batch, sep, context = item.strip().partition("x")
+        if not sep or not batch.isdigit() or not context.isdigit():
+            raise ValueError(f"pair {item!r} is not BATCHxCONTEXT (e.g. 8x512)")
+        if int(batch) not in BATCHES or int(context) not in CONTEXTS:
+            raise ValueError(f"pair {item!r}: batch must be one of {BATCHES}, context one of {CONTEXTS}")
+        pairs.append((int(batch), int(context)))
+    return pairs
+
+
+def run_case(
+    shape: str,
+    method: str,
+    root: Path,
+    tokens: int,
+    profile: Path | None = None,
+    pairs: list[tuple[int, int]] | None = None,
+    profile_batch: int = 1,
+) -> list[dict[str, Any]]:
+    """One vLLM process: each (batch, context) pair of one (shape, method) (default every pair); with
+    ``profile``, then a torch-profiled decode at context 512 and ``profile_batch`` requests,
+    summarised into ``profile`` (step_profile.py)."""
     import random
 
     from vllm import LLM, SamplingParams
@@ -289,36 +313,38 @@ def run_case(shape: str, method: str, root: Path, tokens: int, profile: Path | N
     vocab = target_config(shape).get("vocab_size") or target_config(shape)["text_config"]["vocab_size"]
     rng = random.Random(0)
     out = []
-    for context in CONTEXTS:
-        for batch in BATCHES:
-            prompts = [
-                TokensPrompt(prompt_token_ids=[rng.randrange(vocab // 2) for _ in range(context)]) for _ in range(batch)
-            ]
-            warm = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, detokenize=False)
-            many = SamplingParams(temperature=0, max_tokens=1 + tokens, ignore_eos=True, detokenize=False)
-            llm.generate(prompts, warm)  # this shape's prefill and decode, once
-            d0 = _drafts(llm)
-            outputs = llm.generate(prompts, many)
-            steps = (_drafts(llm) - d0) / batch if budget is not None else tokens
-            steps = steps or tokens
-            stats = [o.metrics for o in outputs]
-            out.append(
-                {
-                    "shape": shape,
-                    "method": method,
-                    "batch": batch,
-                    "context": context,
-                    "steps": steps,
-                    "ms_per_step": decode_ms_per_step(
-                        [m.first_token_ts for m in stats], [m.last_token_ts for m in stats], steps
-                    ),
-                    "start_s": round(start_s, 1),
-                }
-            )
+    for batch, context in pairs or parse_pairs(None):
+        prompts = [
+            TokensPrompt(prompt_token_ids=[rng.randrange(vocab // 2) for _ in range(context)]) for _ in range(batch)
+        ]
+        warm = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, detokenize=False)
+        many = SamplingParams(temperature=0, max_tokens=1 + tokens, ignore_eos=True, detokenize=False)
+        llm.generate(prompts, warm)  # this shape's prefill and decode, once
+        d0 = _drafts(llm)
+        outputs = llm.generate(prompts, many)
+        steps = (_drafts(llm) - d0) / batch if budget is not None else tokens
+        steps = steps or tokens
+        stats = [o.metrics for o in outputs]
+        out.append(
+            {
+                "shape": shape,
+                "method": method,
+                "batch": batch,
+                "context": context,
+                "steps": steps,
+                "ms_per_step": decode_ms_per_step(
+                    [m.first_token_ts for m in stats], [m.last_token_ts for m in stats], steps
+                ),
+                "start_s": round(start_s, 1),
+            }
+        )
     if profile is not None:
         import step_profile
 
-        prompt = [TokensPrompt(prompt_token_ids=[rng.randrange(vocab // 2) for _ in range(min(CONTEXTS))])]
+        prompt = [
+            TokensPrompt(prompt_token_ids=[rng.randrange(vocab // 2) for _ in range(min(CONTEXTS))])
+            for _ in range(profile_batch)
+        ]
         params = SamplingParams(temperature=0, max_tokens=PROFILE_TOKENS, ignore_eos=True, detokenize=False)
         llm.generate(prompt, params)
         try:  # the measured rows above stand whatever the profiler does
@@ -329,6 +355,7 @@ def run_case(shape: str, method: str, root: Path, tokens: int, profile: Path | N
             summary = step_profile.summarize(step_profile.load_trace(trace))
         except (OSError, RuntimeError, ValueError) as e:
             summary = {"error": f"{type(e).__name__}: {e}"}
+        summary["batch"] = profile_batch
         (profile / f"{shape}_{method}_profile.json").write_text(json.dumps(summary, indent=1))
     return out
 
@@ -351,11 +378,19 @@ def main() -> int:
     s.add_argument("--out", required=True, type=Path)
     s.add_argument("--tokens", type=int, default=128)
     s.add_argument("--profile", type=Path, help="folder for the profiled pass's trace and summary")
+    for name in ("run", "case"):
+        sub.choices[name].add_argument("--pairs", help="BATCHxCONTEXT pairs to measure, e.g. 8x512 (default: all)")
+        sub.choices[name].add_argument("--profile-batch", type=int, default=1, help="requests in the profiled pass")
     s = sub.add_parser("table")
     s.add_argument("dir", type=Path)
     a = ap.parse_args()
     if a.cmd in ("plan", "run"):
         shapes, methods = a.shapes.split(","), a.methods.split(",")
+        if a.cmd == "run":
+            try:
+                parse_pairs(a.pairs)
+            except ValueError as e:
+                raise SystemExit(str(e)) from None
         unknown = sorted(set(shapes) - set(SHAPES)) + sorted(set(methods) - set(METHODS))
         if unknown:
             raise SystemExit(
@@ -367,7 +402,7 @@ def main() -> int:
         return 0
     if a.cmd == "case":
         a.out.mkdir(parents=True, exist_ok=True)
-        rows = run_case(a.shape, a.method, a.out / "models", a.tokens, a.profile)
+        rows = run_case(a.shape, a.method, a.out / "models", a.tokens, a.profile, parse_pairs(a.pairs), a.profile_batch)
         (a.out / f"{a.shape}_{a.method}.json").write_text(json.dumps(rows, indent=1))
         return 0
     if a.cmd == "run":
@@ -377,7 +412,9 @@ def main() -> int:
                 log = a.out / f"{shape}_{method}.log"
                 cmd = [sys.executable, __file__, "case", shape, method, "--out", str(a.out), "--tokens", str(a.tokens)]
                 if a.profile:
-                    cmd += ["--profile", str(a.out / "profile")]
+                    cmd += ["--profile", str(a.out / "profile"), "--profile-batch", str(a.profile_batch)]
+                if a.pairs:
+                    cmd += ["--pairs", a.pairs]
                 # A case that hangs (a budget too large for the step) must not eat the call's other cases.
                 timeout = a.case_timeout or case_timeout_s(shape)
                 with log.open("w") as f:

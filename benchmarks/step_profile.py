@@ -72,7 +72,7 @@ def _innermost(scopes: list[tuple[float, float, dict[str, Any]]], t: float) -> s
     return best[2]["name"] if best else "(outside every scope)"
 
 
-def summarize(events: list[dict[str, Any]], top: int = 12) -> dict[str, Any]:
+def summarize(events: list[dict[str, Any]], top: int = 40) -> dict[str, Any]:
     """Per-step averages of one profiled decode run (see the module docstring)."""
     scopes = _spans(events, {"user_annotation"})
     starts = [a for a, _b, e in scopes if e.get("name") == STEP_SCOPE]
@@ -97,9 +97,11 @@ def summarize(events: list[dict[str, Any]], top: int = 12) -> dict[str, Any]:
         if lo <= a < hi:
             runtime.setdefault(e.get("name", "?"), []).append(b - a)
     kernels: Counter[str] = Counter()
+    launches = 0
     for a, b, e in gpu:
         if lo <= a < hi:
             kernels[str(e.get("name", "?"))[:100]] += b - a
+            launches += 1
     host_ops: Counter[str] = Counter()
     for a, b, e in _spans(events, {"cpu_op"}):
         if lo <= a < hi:
@@ -124,6 +126,7 @@ def summarize(events: list[dict[str, Any]], top: int = 12) -> dict[str, Any]:
             k: {"calls": round(len(v) / steps, 2), "ms": round(sum(v) / steps / 1000, 4)}
             for k, v in sorted(runtime.items(), key=lambda kv: -sum(kv[1]))[:top]
         },
+        "gpu_ops_per_step": round(launches / steps, 2),
         "kernel_ms_per_step": per_step(kernels),
         "host_op_ms_per_step": per_step(host_ops),
     }

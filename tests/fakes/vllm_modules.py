@@ -67,6 +67,7 @@ def load_ddtree_runtime() -> types.ModuleType:
     _module("vllm.v1.outputs", SamplerOutput=SamplerOutput)
     _module("vllm.v1.sample.ops.topk_topp_sampler", apply_top_k_top_p=apply_top_k_top_p)
     _load("vllm.v1.spec_decode.ddtree_tree", FILES / "common" / "ddtree_tree.py")
+    _load("vllm.v1.spec_decode.ddtree_moves", FILES / "common" / "ddtree_moves.py")
     return _load("vllm.v1.spec_decode.ddtree", FILES / "vllm-0.20.1" / "added" / "ddtree.py")
 
 

@@ -13,6 +13,7 @@ import pytest
 import realfs
 
 TARGET_MODEL = Path(__file__).resolve().parents[2] / "tests" / "fakes" / "target_model.py"
+FAKES = Path(__file__).resolve().parents[1] / "fakes"
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +68,20 @@ def interpreter_scalar_index() -> Iterator[None]:
     interpreter._patch_lang_tensor = patched
     yield
     interpreter._patch_lang_tensor = original
+
+
+@pytest.fixture(scope="module")
+def dd():
+    """The DDTree runtime the change set adds to vLLM 0.20.1 (``vllm/v1/spec_decode/ddtree.py``),
+    loaded with tests/fakes/vllm_modules.py standing in for vLLM; the stand-ins leave sys.modules
+    again, so that no other test sees a fake ``vllm``."""
+    if str(FAKES) not in sys.path:
+        sys.path.insert(0, str(FAKES))
+    import vllm_modules
+
+    before = set(sys.modules)
+    module = vllm_modules.load_ddtree_runtime()
+    for name in set(sys.modules) - before:
+        if name == "vllm" or name.startswith("vllm."):
+            del sys.modules[name]
+    return module

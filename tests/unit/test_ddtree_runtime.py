@@ -7,27 +7,10 @@ the compaction of the accepted path. vLLM itself is replaced by tests/fakes/vllm
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
-
-import vllm_modules
-
-
-@pytest.fixture(scope="module")
-def dd():
-    before = set(sys.modules)
-    module = vllm_modules.load_ddtree_runtime()
-    for name in set(sys.modules) - before:
-        if name == "vllm" or name.startswith("vllm."):
-            del sys.modules[name]
-    return module
-
 
 # Two trees of 4 nodes, depth 2, vocabulary 8 (the drafter's logits decide them):
 #   request "a": tokens [0, 0, 1, 0], parents [-1, 0, -1, 2], depths [1, 2, 1, 2]
@@ -292,10 +275,22 @@ def test_rows_are_chosen_in_chunks_with_the_same_result(dd, monkeypatch):
     rt = dd.DDTreeRuntime(budget=4, depth=2, device=torch.device("cpu"), max_num_reqs=4, max_num_tokens=16)
     logits = torch.randn(13, 50)
     row_req = torch.tensor([0] * 5 + [1] * 3 + [2] * 5)
-    whole = rt._target_choices(logits, row_req, Sampling())
+    # Temperature 0 in a batch that is not all greedy: the chunked path, row by row greedy.
+    mixed = Sampling(all_greedy=False, temperature=torch.zeros(3))
+    whole = rt._target_choices(logits, row_req, mixed)
     monkeypatch.setattr(dd, "_CHOICE_ROWS", 4)
-    assert torch.equal(rt._target_choices(logits, row_req, Sampling()), whole)
+    assert torch.equal(rt._target_choices(logits, row_req, mixed), whole)
     assert torch.equal(whole, logits.argmax(-1))
+
+
+def test_a_greedy_batch_takes_the_argmax_of_the_logits_as_they_are(dd):
+    rt = dd.DDTreeRuntime(budget=4, depth=2, device=torch.device("cpu"), max_num_reqs=4, max_num_tokens=16)
+    logits = torch.randn(9, 50).to(torch.bfloat16)
+    logits[3, 7] = logits[3, 20] = logits[3].max() + 1  # a tie: the first index, as float32 gives it
+    row_req = torch.tensor([0] * 5 + [1] * 4)
+    choices = rt._target_choices(logits, row_req, Sampling())
+    assert torch.equal(choices, logits.float().argmax(-1))
+    assert int(choices[3]) == 7
 
 
 @dataclass

@@ -99,3 +99,14 @@ def test_the_graphs_cover_the_largest_step_of_each_method(bench):
     assert bench.graph_tokens(None, 8) == 8
     assert bench.graph_tokens(0, 8) == 8 * (bench.DEPTH + 1)
     assert bench.graph_tokens(64, 8) == 520  # over vLLM's default cap of 512
+
+
+def test_pairs_default_to_every_batch_and_context_in_the_measured_order(bench):
+    assert bench.parse_pairs(None) == [(1, 512), (8, 512), (1, 8192), (8, 8192)]
+    assert bench.parse_pairs("8x512, 1x8192") == [(8, 512), (1, 8192)]
+
+
+@pytest.mark.parametrize("text", ["8", "8x", "x512", "eightx512", "4x512", "8x1024"])
+def test_a_pair_that_is_not_a_measured_batch_and_context_is_named(bench, text):
+    with pytest.raises(ValueError, match=text):
+        bench.parse_pairs(text)

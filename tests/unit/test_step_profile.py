@@ -51,6 +51,7 @@ def test_a_step_is_split_into_busy_and_idle_time_by_host_scope():
     assert s["cuda_runtime_per_step"]["cudaGraphLaunch"] == {"calls": 1.0, "ms": 0.02}
     assert s["cuda_runtime_per_step"]["cudaStreamSynchronize"] == {"calls": 0.5, "ms": 0.125}
     assert s["kernel_ms_per_step"] == {"gemm": 0.6, "attn": 0.15}
+    assert s["gpu_ops_per_step"] == 1.5  # three kernels in the two whole steps
     assert s["host_op_ms_per_step"] == {"aten::copy_": 0.005}
 
 

@@ -83,6 +83,7 @@ def test_which_modules_count_as_needing_torch(tmp_path: Path) -> None:
         "test_ddtree_attention.py",
         "test_ddtree_expand_parts.py",
         "test_ddtree_gdn.py",
+        "test_ddtree_moves.py",
         "test_ddtree_runtime.py",
         "test_ddtree_tp.py",
         "test_ddtree_tree.py",

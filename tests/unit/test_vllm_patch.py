@@ -51,6 +51,7 @@ ADDED = [
     "vllm/v1/spec_decode/ddtree.py",
     "vllm/v1/spec_decode/ddtree_attention.py",
     "vllm/v1/spec_decode/ddtree_kernels.py",
+    "vllm/v1/spec_decode/ddtree_moves.py",
     "vllm/v1/spec_decode/ddtree_tree.py",
 ]
 
@@ -448,6 +449,7 @@ DIFFS = sorted(f"vllm-0.20.1/patches/{name.replace('/', '__')}.diff" for name in
 ADDED_SOURCES = [
     "common/ddtree_attention.py",
     "common/ddtree_kernels.py",
+    "common/ddtree_moves.py",
     "common/ddtree_tree.py",
     "vllm-0.20.1/added/ddtree.py",
 ]
@@ -731,6 +733,31 @@ def _function(site: Path, relpath: str, name: str, env: dict):
 
 
 QWEN36_LAYER_TYPES = ["sliding_attention"] * 4 + ["full_attention"]
+
+
+def test_the_drafters_target_layers_key_the_compilation_cache(patched_site):
+    """vLLM loads a cached compiled target without guards, and the target returns the states of
+    the layers the drafter names: a drafter naming other layers must miss that cache, and so must
+    stock 0.20.1's reading of the same ids (one layer early) against this change set's."""
+    import hashlib
+
+    fn = _method(
+        patched_site,
+        "vllm/config/speculative.py",
+        "SpeculativeConfig",
+        "compute_hash",
+        {"safe_hash": lambda data, usedforsecurity: hashlib.sha256(data), "Any": object},
+    )
+
+    def spec(dflash_config, method="dflash"):
+        hf = Obj(dflash_config=dflash_config)
+        return Obj(method=method, ddtree_depth=None, ddtree_budget=None, draft_model_config=Obj(hf_config=hf))
+
+    ids = {"mask_token_id": 248070, "target_layer_ids": [1, 16, 31, 46, 61]}
+    other = {"mask_token_id": 248070, "target_layer_ids": [2, 17, 32, 47, 62]}
+    assert fn(spec(ids)) == fn(spec(dict(ids)))
+    assert fn(spec(ids)) != fn(spec(other))
+    assert fn(spec(ids)) != fn(spec({"mask_token_id": 248070}))
 
 
 def test_sliding_window_drafter_layers_run_causal_over_their_window(patched_site):

@@ -51,6 +51,11 @@ from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 from vllm.v1.spec_decode.ddtree_tree import DDTree, build_trees, walk_trees
 
+try:
+    from vllm.v1.spec_decode import ddtree_moves
+except ImportError:  # no Triton: compact() moves each layer with torch indexing
+    ddtree_moves = None
+
 logger = init_logger(__name__)
 
 _SAMPLING_EPS = 1e-5
@@ -159,9 +164,12 @@ class DDTreeRuntime:
         max_num_reqs: int,
         max_num_tokens: int,
         overlapped: bool = False,
+        move_kernels: bool | None = None,
     ):
         """``overlapped``: async scheduling, where a request the scheduler skipped
-        for a step comes back with placeholder drafts, so its tree is not kept."""
+        for a step comes back with placeholder drafts, so its tree is not kept.
+        ``move_kernels``: compact with ``ddtree_moves``' kernels (one launch per
+        kind of move over all layers); default on CUDA, torch indexing elsewhere."""
         global _RUNTIME
         if budget < depth:
             raise ValueError(f"ddtree budget {budget} < drafter depth {depth}")
@@ -172,6 +180,12 @@ class DDTreeRuntime:
         self._stored: _StoredTrees | None = None
         self._step: _StepTrees | None = None
         self._warned: set[str] = set()
+        if move_kernels and ddtree_moves is None:
+            raise RuntimeError("DDTree: move_kernels=True needs Triton, which is not installed")
+        if move_kernels is None:
+            move_kernels = device.type == "cuda" and ddtree_moves is not None
+        self._move_kernels = move_kernels
+        self._tables: dict[tuple[object, ...], object] = {}
         n = budget
         # A request with drafts but no stored tree: every node hangs off the
         # root at depth 1 and carries no token, so nothing is accepted.
@@ -197,6 +211,22 @@ class DDTreeRuntime:
         if key not in self._warned:
             self._warned.add(key)
             logger.warning(msg)
+
+    def _table(self, kind: str, caches: list[tuple[int, torch.Tensor]]):
+        """``ddtree_moves``' table of these caches (None: move them with torch indexing), made
+        once: the caches are vLLM's persistent tensors, known here by their addresses."""
+        if not self._move_kernels or not caches:
+            return None
+        key = (kind, *((g, c.data_ptr()) for g, c in caches))
+        if key not in self._tables:
+            if kind == "kv":
+                table = ddtree_moves.kv_table([c for _g, c in caches])
+            elif kind == "state":
+                table = ddtree_moves.state_table(caches)
+            else:
+                table = ddtree_moves.window_table(caches)
+            self._tables[key] = table
+        return self._tables[key]
 
     # ------------------------------------------------------------------
     # Drafting: logits -> trees
@@ -352,7 +382,11 @@ class DDTreeRuntime:
         """The target's token at every row: argmax when greedy, else a sample of
         its temperature/top-k/top-p distribution. Rows go in chunks so that the
         float32 vocab-sized temporaries stay within what vLLM's memory profile
-        saw, whatever batch x budget is."""
+        saw, whatever batch x budget is. A greedy batch without allowed-token
+        masks needs none: the argmax of the logits as they are is the argmax of
+        their float32 copy (the conversion is exact), in one launch."""
+        if sampling_metadata.all_greedy and sampling_metadata.allowed_token_ids_mask is None:
+            return logits.argmax(dim=-1)
         out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
         for lo in range(0, logits.shape[0], _CHOICE_ROWS):
             hi = min(lo + _CHOICE_ROWS, logits.shape[0])
@@ -469,10 +503,14 @@ class DDTreeRuntime:
             self._commit_recurrent(step, recurrent)
         src, dst = self._moves(step)
         for slot_mapping, kv_caches in kv_groups:
-            src_slots = slot_mapping[src].to(torch.int64)
-            dst_slots = slot_mapping[dst].to(torch.int64)
             if not kv_caches:
                 continue
+            table = self._table("kv", [(0, c) for c in kv_caches])
+            if table is not None:
+                ddtree_moves.move_kv(table, slot_mapping, src, dst, step.num_reqs)
+                continue
+            src_slots = slot_mapping[src].to(torch.int64)
+            dst_slots = slot_mapping[dst].to(torch.int64)
             block = kv_caches[0].shape[2]
             src_at = (src_slots // block, src_slots % block)
             dst_at = (dst_slots // block, dst_slots % block)
@@ -525,27 +563,58 @@ class DDTreeRuntime:
         last_node = acc.gather(1, (num - 1).clamp(min=0).view(-1, 1)).view(-1)
         last_row = torch.where((num > 0) & step.has_tree, last_node + 1, 0)
         self._resume = step.has_drafts
+        entries: dict[int, torch.Tensor] = {}  # width -> [R, width - 1] window entries to keep
+        firsts, lasts = [], []
         for group in groups:
-            val = group.width - 2  # entry of row 0
-            cur = val + last_row
-            src = [cur]
-            for _k in range(1, group.width - 1):
-                is_row = cur > val
-                row = (cur - val).clamp(min=1)
-                parent_row = step.parent.gather(1, (row - 1).view(-1, 1)).view(-1) + 1
-                cur = torch.where(is_row, val + parent_row, cur - 1)
-                src.append(cur)
-            src_t = torch.stack(src[::-1], 1)  # [R, width - 1]: oldest first
-            dst_t = torch.arange(group.width - 1, device=src_t.device).expand_as(src_t)
-            src_t = torch.where(step.has_drafts.view(-1, 1), src_t, dst_t)
+            if group.width not in entries:
+                entries[group.width] = self._window_entries(step, last_row, group.width)
             slots = group.state_slots[:num_reqs].to(torch.int64)
-            lines = slots[:, :1].expand_as(src_t)
+            firsts.append(slots[:, 0])
+            lasts.append(slots.gather(1, torch.where(step.has_drafts, last_row, 0).view(-1, 1)).view(-1))
+        windows = [(g, conv) for g, group in enumerate(groups) for conv in group.conv_states]
+        states = [(g, ssm) for g, group in enumerate(groups) for ssm in group.ssm_states]
+        window_table = self._table("window", windows)
+        state_table = self._table("state", states)
+        kernels = (
+            self._move_kernels
+            and len(entries) == 1
+            and (window_table is not None or not windows)
+            and (state_table is not None or not states)
+        )
+        if kernels:
+            first_slots = torch.stack(firsts)  # [groups, R]; slot 0 is also the conv line
+            if window_table is not None:
+                ddtree_moves.gather_windows(window_table, first_slots, next(iter(entries.values())))
+            if state_table is not None:
+                ddtree_moves.copy_states(state_table, first_slots, torch.stack(lasts))
+            return
+        for group, first, last in zip(groups, firsts, lasts, strict=True):
+            src_t = entries[group.width]
+            dst_t = torch.arange(group.width - 1, device=src_t.device).expand_as(src_t)
+            lines = first.view(-1, 1).expand_as(src_t)
             for conv in group.conv_states:
                 conv[lines, :, dst_t] = conv[lines, :, src_t]
-            first = slots[:, 0]
-            last = slots.gather(1, torch.where(step.has_drafts, last_row, 0).view(-1, 1)).view(-1)
             for ssm in group.ssm_states:
                 ssm[first] = ssm[last]
+
+    @staticmethod
+    def _window_entries(step: _StepTrees, last_row: torch.Tensor, width: int) -> torch.Tensor:
+        """``[R, width - 1]``: the convolution-window entries, oldest first, that hold the inputs
+        of the last accepted row's ancestors and its own (entry ``width - 2 + j`` holds row
+        ``j``'s input, the entries below it the history before the step). Requests without
+        drafts keep their window: entries ``0 .. width - 2``."""
+        val = width - 2  # entry of row 0
+        cur = val + last_row
+        src = [cur]
+        for _k in range(1, width - 1):
+            is_row = cur > val
+            row = (cur - val).clamp(min=1)
+            parent_row = step.parent.gather(1, (row - 1).view(-1, 1)).view(-1) + 1
+            cur = torch.where(is_row, val + parent_row, cur - 1)
+            src.append(cur)
+        src_t = torch.stack(src[::-1], 1)  # oldest first
+        dst_t = torch.arange(width - 1, device=src_t.device).expand_as(src_t)
+        return torch.where(step.has_drafts.view(-1, 1), src_t, dst_t)
 
     def resume_recurrent_state(self, num_accepted_tokens: torch.Tensor) -> None:
         """After the runner counted accepted tokens: requests verified this step
