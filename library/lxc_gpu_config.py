@@ -90,63 +90,31 @@ config:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvidia_gpu import check_container_config, parse_lxc_config, parse_proc_devices
-from ansible.module_utils.nvidia_gpu_probe import read_text as read_host_text
-from ansible.module_utils.nvidia_gpu_probe import stat_node
-from ansible.module_utils.safe_io import UnsafeFileError, read_text
-
-# A container config is a few KiB; Proxmox keeps snapshots in the same file, still far below this.
-MAX_CONFIG_BYTES = 4 * 1024 * 1024
+from ansible.module_utils.nvidia_gpu_probe import (
+    LXC_GPU_CONFIG_ARGS,
+    ContainerConfigUnreadable,
+    check_container_config_file,
+)
 
 
 def build_module() -> AnsibleModule:
-    return AnsibleModule(
-        argument_spec={
-            "config_path": {"type": "path", "required": True},
-            "gpu_count": {"type": "int"},
-            "proc_devices_path": {"type": "path", "default": "/proc/devices"},
-        },
-        supports_check_mode=True,
-    )
+    return AnsibleModule(argument_spec=LXC_GPU_CONFIG_ARGS, supports_check_mode=True)
 
 
 def main() -> None:
     module = build_module()
-    path = module.params["config_path"]
     gpu_count = module.params["gpu_count"]
     if gpu_count is not None and gpu_count < 0:
         module.fail_json(msg=f"gpu_count must not be negative, got {gpu_count}.")
     try:
-        # Only a regular file (a FIFO would hang), bounded, UTF-8; a symlink is followed (/etc/pve/lxc is one).
-        text = read_text(path, MAX_CONFIG_BYTES, f"the container config {path}", follow=True)
-    except (OSError, UnsafeFileError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
-        module.fail_json(
-            msg=(
-                f"Cannot read the container config {path} on this host ({reason}): check the "
-                "container id/name in the inventory (Proxmox: /etc/pve/lxc/<vmid>.conf) and that this is "
-                "the container's host."
-            )
+        result = check_container_config_file(
+            module.params["config_path"], gpu_count, module.params["proc_devices_path"]
         )
-    config = parse_lxc_config(text)
-    names = [e["source"] for e in config["mount_entries"] if e["target"].startswith("/dev/nvidia")]
-    names += [e["path"] for e in config["dev_entries"]]
-    sources = {name: stat_node(name) for name in names}
-    devices = read_host_text(module.params["proc_devices_path"])
-    uvm_major = None if devices is None else parse_proc_devices(devices).get("nvidia-uvm")
-    result = check_container_config(config, sources, gpu_count, uvm_major)
-    for warning in result["warnings"]:
+    except ContainerConfigUnreadable as exc:
+        module.fail_json(msg=str(exc))
+    for warning in result["warnings_found"]:
         module.warn(warning)
-    module.exit_json(
-        changed=False,
-        ok=not result["problems"],
-        problems=result["problems"],
-        warnings_found=result["warnings"],
-        devices=result["devices"],
-        sources=sources,
-        uvm_major=uvm_major,
-        config=config,
-    )
+    module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":

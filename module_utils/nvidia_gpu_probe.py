@@ -18,6 +18,7 @@ from ansible.module_utils.nvidia_gpu import (
     QUERY_APPS_FIELDS,
     QUERY_GPU_FIELDS,
     NvidiaParseError,
+    check_container_config,
     check_device_nodes,
     check_driver_versions,
     classify_nvidia_smi_failure,
@@ -27,12 +28,14 @@ from ansible.module_utils.nvidia_gpu import (
     merge_app_holders,
     parse_compute_apps,
     parse_kernel_driver_version,
+    parse_lxc_config,
     parse_proc_devices,
     parse_query_gpu,
     parse_smi_version,
     summarize_holders,
 )
-from ansible.module_utils.safe_io import read_regular
+from ansible.module_utils.safe_io import UnsafeFileError, read_regular
+from ansible.module_utils.safe_io import read_text as read_safe_text
 
 
 class Runner:
@@ -74,6 +77,8 @@ print(lib.cuInit(0))
 
 # /proc/driver/nvidia/version, /proc/devices, a process's comm and cgroup: a few KiB at most.
 MAX_TEXT_BYTES = 1024 * 1024
+# A container config is a few KiB; Proxmox keeps snapshots in the same file, still far below this.
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
 
 def read_text(path: str) -> str | None:
@@ -273,4 +278,48 @@ def gather(runner: Runner, options: dict[str, Any] | None = None) -> dict[str, A
         "majors": majors,
         "cuda_init": cuda,
         "holders": holders,
+    }
+
+
+# lxc_gpu_config's options: the module and its action plugin (which runs it in-process on the
+# controller) validate against the same spec.
+LXC_GPU_CONFIG_ARGS: dict[str, dict[str, Any]] = {
+    "config_path": {"type": "path", "required": True},
+    "gpu_count": {"type": "int"},
+    "proc_devices_path": {"type": "path", "default": "/proc/devices"},
+}
+
+
+class ContainerConfigUnreadable(Exception):
+    """The container config cannot be read; the message says where it looked and what to check."""
+
+
+def check_container_config_file(path: str, gpu_count: int | None, proc_devices_path: str = "/proc/devices") -> dict:
+    """lxc_gpu_config's result for the container config at path, read on this host (the container's):
+    each GPU device node it passes in and how, the host's device nodes it binds, the problems."""
+    try:
+        # Only a regular file (a FIFO would hang), bounded, UTF-8; a symlink is followed (/etc/pve/lxc is one).
+        text = read_safe_text(path, MAX_CONFIG_BYTES, f"the container config {path}", follow=True)
+    except (OSError, UnsafeFileError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise ContainerConfigUnreadable(
+            f"Cannot read the container config {path} on this host ({reason}): check the "
+            "container id/name in the inventory (Proxmox: /etc/pve/lxc/<vmid>.conf) and that this is "
+            "the container's host."
+        ) from exc
+    config = parse_lxc_config(text)
+    names = [e["source"] for e in config["mount_entries"] if e["target"].startswith("/dev/nvidia")]
+    names += [e["path"] for e in config["dev_entries"]]
+    sources = {name: stat_node(name) for name in names}
+    devices = read_text(proc_devices_path)
+    uvm_major = None if devices is None else parse_proc_devices(devices).get("nvidia-uvm")
+    result = check_container_config(config, sources, gpu_count, uvm_major)
+    return {
+        "ok": not result["problems"],
+        "problems": result["problems"],
+        "warnings_found": result["warnings"],
+        "devices": result["devices"],
+        "sources": sources,
+        "uvm_major": uvm_major,
+        "config": config,
     }

@@ -115,17 +115,24 @@ class Engine:
         return 1.0 + max(0.0, min(float(n), self.accepted_share() * n))
 
     def generate(self, prompt: str, max_tokens: int) -> Iterator[tuple[str, int]]:
-        """(text, tokens) per target step, each after the step's time; the counters move at the end."""
+        """(text, tokens) per target step, each after the step's time; the counters move at the end.
+
+        Each step ends at a deadline counted from the request's start, not a sleep after the last
+        chunk went out: as on a GPU, the host's time to wake up and write a chunk overlaps the next
+        step instead of adding to it, so a busy lab host (a 2-core machine running the controller
+        and other work) does not change the speeds the knobs set (roles/tune compares them to 5%)."""
         words = completion_words(prompt, max_tokens)
         with self.lock:
             self.in_flight += 1
         try:
-            time.sleep(self.step_s + PREFILL_S_PER_WORD * len(prompt.split()))
+            deadline = time.monotonic() + self.step_s + PREFILL_S_PER_WORD * len(prompt.split())
+            time.sleep(max(0.0, deadline - time.monotonic()))
             per_step, done, step = self.tokens_per_step(), 0, 0
             while done < len(words):
                 with self.lock:
                     others = self.in_flight - 1
-                time.sleep(self.step_s * (1 + BATCH_STEP_COST * others))
+                deadline += self.step_s * (1 + BATCH_STEP_COST * others)
+                time.sleep(max(0.0, deadline - time.monotonic()))
                 step += 1
                 upto = min(len(words), max(done + 1, round(step * per_step)))
                 yield " " + " ".join(words[done:upto]), upto - done

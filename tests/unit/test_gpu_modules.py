@@ -450,3 +450,27 @@ def test_nul_characters_in_the_config_path_or_its_entries_are_no_traceback(host,
     result = run(lxc_gpu_config, {"config_path": f"{host}/con\x00fig"}, capsys)
     assert result["failed"] is True
     assert "holds a NUL character, which no path can hold" in result["msg"]
+
+
+def test_the_action_checks_in_process_on_the_controller_only_without_become():
+    """plugins/action/lxc_gpu_config.py: delegated to the controller itself it reads the config in
+    the worker; with become (root) or on another host it runs the module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lxc_gpu_config_action", REPO / "plugins/action/lxc_gpu_config.py")
+    action = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(action)
+    assert action.runs_in_process("local", become=False) is True
+    assert action.runs_in_process("local", become=True) is False
+    assert action.runs_in_process("ssh", become=False) is False
+    assert action.LXC_GPU_CONFIG_ARGS is lxc_gpu_config.LXC_GPU_CONFIG_ARGS
+
+
+def test_the_in_process_check_returns_what_the_module_returns(host, capsys):
+    from ansible.module_utils.nvidia_gpu_probe import check_container_config_file
+
+    config = lxc_config(host, ["nvidia0", "nvidiactl", "nvidia-uvm"], allow=("c 195:* rwm",))
+    args = {"config_path": str(config), "gpu_count": 1, "proc_devices_path": str(host / "devices")}
+    module_result = run(lxc_gpu_config, args, capsys)
+    found = check_container_config_file(str(config), 1, str(host / "devices"))
+    assert {k: module_result[k] for k in found} == json.loads(json.dumps(found))
