@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import hashlib
 import json
 import os
 import platform
@@ -51,7 +50,6 @@ SWAP_PREFIX = ".model_stage-swap-"
 SIDECAR_VERSION = 1
 # The sidecar and a shard index hold a line per file or tensor: far below this.
 MAX_RECORD_BYTES = 64 * 1024 * 1024
-_CHUNK = 8 * 1024 * 1024
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -379,16 +377,6 @@ def check_index(index: dict[str, Any], shards: dict[str, set[str]], where: str) 
     extra = sorted(set(wmap) - set().union(*shards.values()))
     if extra:
         raise StageError(f"{where}: maps tensor {extra[0]!r} that no shard holds")
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while True:
-            chunk = fh.read(_CHUNK)
-            if not chunk:
-                return h.hexdigest()
-            h.update(chunk)
 
 
 def describe(plan: Plan) -> list[str]:
