@@ -404,9 +404,11 @@ def plan(module: AnsibleModule) -> dict[str, Any]:
     dir_missing = not os.path.isdir(dest)
     if dir_missing:
         actions.insert(0, f"create {dest}")
+        fix_dir = True
     else:
         st = os.stat(dest)
-        if (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) != (DIR_UID, gid, dir_mode):
+        fix_dir = (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) != (DIR_UID, gid, dir_mode)
+        if fix_dir:
             actions.insert(0, f"set owner root, group {p['group']} and mode {oct(dir_mode)[2:]:0>4} of {dest}")
     left = leftovers(dest)
     actions += [f"remove {p} (left over from an interrupted replacement of the file set)" for p in left]
@@ -420,8 +422,7 @@ def plan(module: AnsibleModule) -> dict[str, Any]:
             remove_tree(path)
         if dir_missing:
             os.makedirs(dest, mode=0o755, exist_ok=True)
-        st = os.stat(dest)
-        if (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) != (DIR_UID, gid, dir_mode):
+        if fix_dir:
             os.chown(dest, DIR_UID, gid)
             os.chmod(dest, dir_mode)
             changed = True
