@@ -17,6 +17,7 @@ import lxc_gpu_config
 import nvidia_gpu_facts
 import pytest
 from ansible.module_utils.testing import patch_module_args
+from module_results import all_text_is_utf8
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "tests" / "fakes" / "nvidia_smi.py"
@@ -303,21 +304,6 @@ def test_a_nul_in_a_path_option_is_a_message(node, capsys, name):
     result = run(nvidia_gpu_facts, {**node.args(cuda_smoke_test=True), name: "a\x00b"}, capsys)
     assert result["failed"] is True
     assert result["msg"] == f"{name} holds a NUL character, which no path can hold; check {name}."
-
-
-def all_text_is_utf8(value) -> bool:
-    """What the controller accepts: no lone surrogates (undecodable bytes) anywhere in a result."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return False
-        return True
-    if isinstance(value, dict):
-        return all(all_text_is_utf8(k) and all_text_is_utf8(v) for k, v in value.items())
-    if isinstance(value, list):
-        return all(all_text_is_utf8(v) for v in value)
-    return True
 
 
 def test_non_utf8_nvidia_smi_output_reaches_the_controller_as_text(node, capsys, tmp_path):

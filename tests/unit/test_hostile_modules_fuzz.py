@@ -43,6 +43,7 @@ import vllm_release_check
 import vllm_venv_info
 import vllm_venvs
 from ansible.module_utils.testing import patch_module_args
+from module_results import all_text_is_utf8
 from safetensors_files import dflash_shapes, fake, write_real
 from test_hostile_inputs_fuzz import BUDGET_S, SEED, mutate
 from test_openai_hostile import KEY, MODELS, Hostile, fixed
@@ -55,21 +56,6 @@ CHANGESET = str(REPO / "roles" / "ddtree_patch" / "files")
 RUN_DEADLINE_S = 30.0
 # What safe_io.atomic_write names its temporary files: a run that fails must remove its own.
 HALF_WRITTEN = re.compile(r"\.[0-9a-f]{16}(\.tmp|\.part)$")
-
-
-def clean_text(value: Any) -> bool:
-    """No lone surrogates anywhere: what the controller accepts back from a module."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return False
-        return True
-    if isinstance(value, dict):
-        return all(clean_text(k) and clean_text(v) for k, v in value.items())
-    if isinstance(value, list):
-        return all(clean_text(v) for v in value)
-    return True
 
 
 def tree(path: Path) -> dict[str, tuple[bytes | str, int, int, int]]:
@@ -191,7 +177,7 @@ def run_module(module: Any, args: dict[str, Any], capsys: pytest.CaptureFixture[
     assert isinstance(result, dict)
     if result.get("failed"):
         assert isinstance(result.get("msg"), str) and result["msg"], result
-    assert clean_text(result), f"{module.__name__} returned text the controller refuses with {shown(args)}"
+    assert all_text_is_utf8(result), f"{module.__name__} returned text the controller refuses with {shown(args)}"
     assert time.monotonic() - started < RUN_DEADLINE_S
     return result
 
