@@ -255,9 +255,8 @@ def inventory_problems(
 
 
 # Play keywords that site.yml takes from the play's first node (serial and max_fail_percentage are
-# templated before any host is chosen), with the defaults of playbooks/vars/rollout_argument_specs.yml.
-ROLLOUT_DEFAULTS: dict[str, Any] = {"rollout_serial": [1, "25%"], "rollout_max_fail_percentage": 0}
-# What ansible-core's pct_to_int reads: a whole percentage ("25%"), or a number of nodes.
+# templated before any host is chosen); their defaults are in playbooks/vars/rollout_argument_specs.yml.
+ROLLOUT_SETTINGS = ("rollout_serial", "rollout_max_fail_percentage")
 _PERCENT = re.compile(r"^\s*(\d{1,9})\s*%$")
 _COUNT = re.compile(r"^\s*(\d{1,9})\s*$")
 
@@ -287,15 +286,17 @@ def _serial_problem(value: Any) -> str | None:
     return None
 
 
-def rollout_problems(hostvars: Mapping[str, Mapping[str, Any]], hosts: list[str]) -> list[str]:
+def rollout_problems(hostvars: Mapping[str, Mapping[str, Any]], hosts: list[str], roles_dir: str) -> list[str]:
     """The rollout settings an operator can set wrongly for a whole play, one sentence each.
 
     Ansible takes serial and max_fail_percentage once per play, from the play's first node, so a
     value that differs between nodes (set in one class's group_vars) would silently be the first
     node's for all of them: that is refused, naming where each value comes from.
     """
+    specs = load_specs(roles_dir)
     problems: list[str] = []
-    for name, default in ROLLOUT_DEFAULTS.items():
+    for name in ROLLOUT_SETTINGS:
+        default = specs[name].get("default")
         shown_as: dict[str, str] = {}
         values: dict[str, list[str]] = {}
         for host in hosts:

@@ -252,12 +252,12 @@ def test_many_unknown_variables_stay_fast(roles: str) -> None:
 
 def test_a_rollout_setting_left_to_its_default_on_some_nodes_agrees_with_the_same_value_written_out() -> None:
     hostvars = {"a": {"rollout_serial": [1, "25%"], "rollout_max_fail_percentage": 0}, "b": {}}
-    assert rollout_problems(hostvars, ["a", "b"]) == []
+    assert rollout_problems(hostvars, ["a", "b"], REPO_ROLES) == []
 
 
 def test_rollout_settings_that_differ_name_the_nodes_of_each_value() -> None:
     hostvars = {f"ct{i}": {"rollout_max_fail_percentage": 10} for i in range(5)} | {"ct9": {}}
-    assert rollout_problems(hostvars, sorted(hostvars)) == [
+    assert rollout_problems(hostvars, sorted(hostvars), REPO_ROLES) == [
         "rollout_max_fail_percentage differs between the nodes (10 on ct0, ct1, ct2 and others; 0 on ct9); a play"
         " takes one value for all of them: set it once, in group_vars/all or with -e."
     ]
@@ -284,10 +284,10 @@ def test_rollout_settings_that_differ_name_the_nodes_of_each_value() -> None:
     ],
 )
 def test_rollout_values_ansible_cannot_batch_by_are_refused(name: str, value, expected: str) -> None:
-    [problem] = rollout_problems({"ct1": {name: value}}, ["ct1"])
+    [problem] = rollout_problems({"ct1": {name: value}}, ["ct1"], REPO_ROLES)
     assert problem.startswith(expected)
 
 
 @pytest.mark.parametrize("serial", [[1], [1, "25%"], ["100%"], ["12 %", 3], ["2"], [2, 5, "50%"]])
 def test_batch_sizes_ansible_takes_pass(serial) -> None:
-    assert rollout_problems({"ct1": {"rollout_serial": serial}}, ["ct1"]) == []
+    assert rollout_problems({"ct1": {"rollout_serial": serial}}, ["ct1"], REPO_ROLES) == []
