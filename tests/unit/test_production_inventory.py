@@ -27,6 +27,14 @@ def validate(inventory: Path, reports: Path, *extra: str) -> subprocess.Complete
     )
 
 
+def inventory(tmp_path: Path, hosts_yml: str) -> Path:
+    """An inventory directory holding hosts.yml."""
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(hosts_yml)
+    return inv
+
+
 def test_the_example_production_inventory_is_valid(tmp_path: Path) -> None:
     prod = REPO / "inventory/production"
     res = validate(prod, tmp_path / "reports", "--vault-password-file", str(prod / "vault-password.example"))
@@ -36,11 +44,10 @@ def test_the_example_production_inventory_is_valid(tmp_path: Path) -> None:
 
 
 def test_a_typo_in_a_copy_of_it_is_caught(tmp_path: Path) -> None:
-    inv = tmp_path / "inv"
-    inv.mkdir()
-    (inv / "hosts.yml").write_text(
+    inv = inventory(
+        tmp_path,
         "all:\n  children:\n    gpu_nodes:\n      hosts:\n        ct1:\n          ansible_host: 192.0.2.1\n"
-        "          gpu_check_gpu_cuont: 2\n          gpu_check_enforce: 'yes'\n"
+        "          gpu_check_gpu_cuont: 2\n          gpu_check_enforce: 'yes'\n",
     )
     res = validate(inv, tmp_path / "reports")
     assert res.returncode != 0
@@ -50,11 +57,10 @@ def test_a_typo_in_a_copy_of_it_is_caught(tmp_path: Path) -> None:
 
 def test_a_template_that_cannot_render_is_caught_but_an_undefined_name_is_left_to_the_role(tmp_path: Path) -> None:
     """Issue 23, LOW: templates that failed to render passed validation."""
-    inv = tmp_path / "inv"
-    inv.mkdir()
-    (inv / "hosts.yml").write_text(
+    inv = inventory(
+        tmp_path,
         "all:\n  children:\n    gpu_nodes:\n      hosts:\n        ct1:\n          ansible_host: 192.0.2.1\n"
-        "          gpu_check_gpu_count: '{{ 1 +* 2 }}'\n          gpu_check_enforce: '{{ a_role_default }}'\n"
+        "          gpu_check_gpu_count: '{{ 1 +* 2 }}'\n          gpu_check_enforce: '{{ a_role_default }}'\n",
     )
     res = validate(inv, tmp_path / "reports")
     assert res.returncode != 0
@@ -106,12 +112,11 @@ def test_what_it_stages_from_the_controller_and_the_reports_are_never_committed(
 
 def test_a_batch_size_set_differently_per_gpu_class_is_refused(tmp_path: Path) -> None:
     """serial is a play keyword taken from the play's first node: per-class values would silently be one."""
-    inv = tmp_path / "inv"
-    inv.mkdir()
-    (inv / "hosts.yml").write_text(
+    inv = inventory(
+        tmp_path,
         "all:\n  children:\n    gpu_nodes:\n      children:\n"
         "        a6000:\n          vars: {rollout_serial: [1, 2]}\n          hosts: {ct1: {ansible_host: 192.0.2.1}}\n"
-        "        blackwell:\n          hosts: {ct2: {ansible_host: 192.0.2.2}, ct3: {ansible_host: 192.0.2.3}}\n"
+        "        blackwell:\n          hosts: {ct2: {ansible_host: 192.0.2.2}, ct3: {ansible_host: 192.0.2.3}}\n",
     )
     res = validate(inv, tmp_path / "reports")
     assert res.returncode != 0
