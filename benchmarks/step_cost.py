@@ -40,6 +40,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "fakes"))
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
+sys.path.insert(0, str(REPO / "plugins" / "filter"))
+from ddtree_method import ddtree_cudagraph_cap  # noqa: E402
 from repo_module_utils import use_repo_module_utils  # noqa: E402
 
 use_repo_module_utils()
@@ -66,6 +68,7 @@ ENGINE_ARGS = {
 }
 BATCHES = (1, 8)
 CONTEXTS = (512, 8192)
+MAX_BATCHED_TOKENS = max(BATCHES) * max(CONTEXTS)  # a batch's prefill in one step
 # Start-up with compilation on a machine with cold caches, measured on an H200: 8B 97 s chain, 141 s
 # DDTree; 27B DDTree 265 s (compilation 126 s, warm-up 97 s). A repeat start on the same machine reads
 # vLLM's and Triton's caches under ~/.cache and takes about 40 s.
@@ -195,12 +198,14 @@ def decode_ms_per_step(first_token_ts: list[float], last_token_ts: list[float], 
     return round(1000 * span / steps, 3)
 
 
-def graph_tokens(budget: int | None, batch: int) -> int:
-    """Tokens of the largest decode step: vLLM sizes its CUDA graphs by the draft length alone
-    (min(2 x max_num_seqs x (1 + num_speculative_tokens), 512)), so DDTree steps of budget + 1
-    tokens per request at batch 8 would run without graphs unless the size covers them."""
-    per_request = 1 if budget is None else (budget or DEPTH) + 1
-    return batch * per_request
+def compilation_config(budget: int | None) -> dict[str, Any]:
+    """DDTree runs with the CUDA-graph cap service_swap renders for it, so that its largest uniform
+    verification batch has a graph (plugins/filter/ddtree_method.py: 8 requests at budget 64 are 520
+    tokens, past vLLM's default cap of 512); the target alone and the chain keep vLLM's default, as
+    they are served."""
+    if not budget:
+        return {}
+    return {"max_cudagraph_capture_size": ddtree_cudagraph_cap(max(BATCHES), budget, MAX_BATCHED_TOKENS)}
 
 
 def load_results(folder: Path) -> list[dict[str, Any]]:
@@ -282,7 +287,7 @@ def run_case(
         skip_tokenizer_init=True,
         max_model_len=max(CONTEXTS) + tokens + 64,
         max_num_seqs=max(BATCHES),
-        max_num_batched_tokens=max(BATCHES) * max(CONTEXTS),  # a batch's prefill in one step
+        max_num_batched_tokens=MAX_BATCHED_TOKENS,
         enable_prefix_caching=False,
         gpu_memory_utilization=0.9,
         disable_log_stats=False,
@@ -291,7 +296,7 @@ def run_case(
         kw["language_model_only"] = True
         kw["additional_config"] = {"gdn_prefill_backend": "triton"}
     budget = METHODS[method]
-    kw["compilation_config"] = {"max_cudagraph_capture_size": graph_tokens(budget, max(BATCHES))}
+    kw["compilation_config"] = compilation_config(budget)
     kw.update(ENGINE_ARGS.get(method, {}))
     if profile is not None:
         # The scopes step_profile.py splits a step by; read when vLLM starts.

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import logging
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
-from ddtree_method import ddtree_fallback_reason, ddtree_state_check, recurrent_state_bytes
+import pytest
+import release_files
+from ddtree_method import (
+    cudagraph_sizes,
+    ddtree_cudagraph_cap,
+    ddtree_fallback_reason,
+    ddtree_state_check,
+    recurrent_state_bytes,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -89,3 +101,103 @@ def test_qwen36_on_an_h200_fits() -> None:
 
 def test_a_pure_attention_target_has_no_tree_state() -> None:
     assert ddtree_state_check({"model_type": "qwen3"}, 1024, 256, 1, 1000, 0.5) == {"refuse": "", "warn": ""}
+
+
+# --- CUDA-graph sizes: the project's rule against vLLM 0.20.1's own code ---------------------------
+
+
+def _wheel_method(source: str, cls: str, name: str):
+    """One method of a class in the real wheel's source, compiled on its own (its module's imports
+    replaced by what the method uses: CUDAGraphMode's NONE, a logger, vLLM's round_up)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == name:
+                    namespace = {
+                        "CUDAGraphMode": SimpleNamespace(NONE="NONE"),
+                        "logger": logging.getLogger("vllm-0.20.1"),
+                        "round_up": lambda x, y: ((x + y - 1) // y) * y,
+                    }
+                    exec(compile(ast.Module([item], []), f"{cls}.{name}", "exec"), namespace)
+                    return namespace[name]
+    raise AssertionError(f"{cls}.{name} is not in the wheel")
+
+
+@pytest.fixture(scope="module")
+def wheel_sizes():
+    """vLLM 0.20.1's VllmConfig._set_cudagraph_sizes then CompilationConfig.adjust_cudagraph_sizes_for_spec_decode
+    (what the engine runs with full decode graphs and spec decode), on stand-in configs."""
+    with zipfile.ZipFile(release_files.wheel()) as whl:
+        set_sizes = _wheel_method(whl.read("vllm/config/vllm.py").decode(), "VllmConfig", "_set_cudagraph_sizes")
+        adjust = _wheel_method(
+            whl.read("vllm/config/compilation.py").decode(),
+            "CompilationConfig",
+            "adjust_cudagraph_sizes_for_spec_decode",
+        )
+
+    def sizes(cap: int, query_len: int, max_num_batched_tokens: int) -> list[int]:
+        compilation = SimpleNamespace(
+            cudagraph_mode="FULL_AND_PIECEWISE",
+            max_cudagraph_capture_size=cap,
+            cudagraph_capture_sizes=None,
+            pass_config=SimpleNamespace(enable_sp=False),
+            post_init_cudagraph_sizes=lambda: None,
+        )
+        config = SimpleNamespace(
+            model_config=SimpleNamespace(enforce_eager=False),
+            compilation_config=compilation,
+            scheduler_config=SimpleNamespace(max_num_seqs=8, max_num_batched_tokens=max_num_batched_tokens),
+            speculative_config=None,
+            parallel_config=SimpleNamespace(tensor_parallel_size=1),
+            performance_mode="balanced",
+        )
+        set_sizes(config)
+        try:
+            adjust(compilation, query_len, 1)
+        except ValueError as exc:  # vLLM refuses to start: "No valid cudagraph sizes after rounding ..."
+            assert "No valid cudagraph sizes" in str(exc)
+            return []
+        return list(compilation.cudagraph_capture_sizes)
+
+    return sizes
+
+
+def test_vllm_truncates_a_cap_of_520_and_captures_no_graph_for_8_requests_at_budget_64(wheel_sizes) -> None:
+    # What vLLM logged on the H200: "Truncating max_cudagraph_capture_size to 512",
+    # "FULL=7 (largest=455)"; the 520-token batch of 8 requests ran without a graph.
+    assert wheel_sizes(520, 65, 65536) == [65, 130, 195, 260, 325, 390, 455]
+    assert cudagraph_sizes(520, 65, 65536) == [65, 130, 195, 260, 325, 390, 455]
+
+
+@pytest.mark.parametrize("query_len", [2, 3, 8, 16, 17, 33, 65, 129])
+def test_the_project_computes_the_sizes_vllm_does(wheel_sizes, query_len) -> None:
+    for tokens in (100, 700, 65536):
+        for cap in [*range(1, 700), 1056, 2080, 2081, 4100]:
+            assert cudagraph_sizes(cap, query_len, tokens) == wheel_sizes(cap, query_len, tokens), (cap, tokens)
+
+
+@pytest.mark.parametrize(
+    ("seqs", "verify", "tokens", "cap"),
+    [
+        (8, 64, 65536, 528),  # the step benchmark's batch 8 at budget 64 (520 tokens)
+        (32, 64, 16384, 2080),  # service_swap's defaults at budget 64: 32 x 65 is on the grid
+        (32, 15, 16384, 512),
+        (32, 64, 2300, 272),  # the scheduler leaves 2300 - 32 x 63 = 284 tokens: 4 x 65 = 260
+        (12, 16, 16384, 208),
+        (1, 64, 65536, 72),
+    ],
+)
+def test_the_cap_gives_the_largest_uniform_batch_a_graph_and_is_the_smallest_that_does(
+    wheel_sizes, seqs, verify, tokens, cap
+) -> None:
+    assert ddtree_cudagraph_cap(seqs, verify, tokens) == cap
+    bound = tokens - seqs * (verify - 1)
+    batch = min(seqs, bound // (verify + 1)) * (verify + 1)
+    assert batch in wheel_sizes(cap, verify + 1, tokens)
+    assert max(wheel_sizes(cap - 1, verify + 1, tokens), default=0) < batch
+
+
+def test_no_cap_where_the_scheduler_leaves_no_uniform_batch() -> None:
+    assert ddtree_cudagraph_cap(32, 64, 100) == 0  # 100 tokens < 32 x 63 draft slots
+    assert ddtree_cudagraph_cap(0, 64, 16384) == 0
+    assert ddtree_cudagraph_cap(8, 0, 16384) == 0

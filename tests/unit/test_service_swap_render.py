@@ -408,8 +408,11 @@ def test_the_cuda_graph_cap_follows_the_scheduler_and_an_explicit_setting(dirs):
     ddtree = ("-e", "service_swap_spec_method=ddtree", "-e", "shared_settings_ddtree_budget=64")
     # 32 x 65 = 2080 tokens, within 16384 - 32 x 63 = 14368: every uniform batch gets a graph.
     assert cap(2080) in argv("dense", *ddtree)
-    # A scheduler that takes fewer tokens than that bounds it: 2300 - 32 x 63 = 284.
-    assert cap(284) in argv("dense", *ddtree, "-e", "service_swap_max_num_batched_tokens=2300")
+    # A scheduler that takes fewer tokens than that bounds it: 2300 - 32 x 63 = 284 tokens hold 4 x 65
+    # = 260, and vLLM would truncate a cap of 260 to 256 (its size grid), so the cap is 272.
+    assert cap(272) in argv("dense", *ddtree, "-e", "service_swap_max_num_batched_tokens=2300")
+    # 8 requests at budget 64 are 520 tokens, off the grid: 528 (520 would be truncated to 512).
+    assert cap(528) in argv("dense", *ddtree, "-e", "service_swap_max_num_seqs=8")
     assert "--compilation-config" not in argv("dense", *ddtree, "-e", "service_swap_max_cudagraph_capture_size=0")
     assert "--compilation-config" not in argv("hybrid")  # the chain keeps vLLM's default
     assert cap(256) in argv("hybrid", "-e", "service_swap_max_cudagraph_capture_size=256")

@@ -95,10 +95,12 @@ def test_only_case_files_are_read_back(bench, tmp_path):
     assert bench.load_results(tmp_path) == [row]
 
 
-def test_the_graphs_cover_the_largest_step_of_each_method(bench):
-    assert bench.graph_tokens(None, 8) == 8
-    assert bench.graph_tokens(0, 8) == 8 * (bench.DEPTH + 1)
-    assert bench.graph_tokens(64, 8) == 520  # over vLLM's default cap of 512
+def test_ddtree_runs_with_the_graph_cap_service_swap_renders_and_the_rest_with_vllms_default(bench):
+    assert bench.compilation_config(None) == {}  # the target alone
+    assert bench.compilation_config(0) == {}  # the chain
+    assert bench.compilation_config(16) == {"max_cudagraph_capture_size": 136}  # 8 x 17 tokens
+    # 8 x 65 = 520 tokens: a cap of 520 is truncated to 512 by vLLM and leaves that batch without a graph.
+    assert bench.compilation_config(64) == {"max_cudagraph_capture_size": 528}
 
 
 def test_pairs_default_to_every_batch_and_context_in_the_measured_order(bench):
