@@ -3,7 +3,7 @@
 import gc
 import weakref
 
-from fork_gc import CallbackModule
+from fork_gc import COLLECT_AFTER_TASKS, CallbackModule
 
 
 class Node:
@@ -13,7 +13,7 @@ class Node:
         self.me = self
 
 
-def test_task_start_freezes_what_exists_and_play_start_collects_frozen_garbage() -> None:
+def test_task_start_freezes_what_exists_and_a_play_start_after_enough_tasks_collects_frozen_garbage() -> None:
     cb = CallbackModule()
     try:
         gc.unfreeze()
@@ -25,8 +25,13 @@ def test_task_start_freezes_what_exists_and_play_start_collects_frozen_garbage()
         gc.collect()
         assert gone() is not None  # frozen: no collection frees it while the play runs
         cb.v2_playbook_on_play_start(play=None)
+        assert gone() is not None  # one task since the last collection: not worth a full collection yet
+        for _ in range(COLLECT_AFTER_TASKS - 1):
+            cb.v2_playbook_on_task_start(task=None, is_conditional=False)
+        cb.v2_playbook_on_play_start(play=None)
         assert gc.get_freeze_count() == 0
         assert gone() is None  # the next play (rollout batch) reclaims it
+        assert cb.tasks_since_collect == 0
     finally:
         gc.unfreeze()
 

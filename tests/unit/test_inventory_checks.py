@@ -30,6 +30,15 @@ def test_specs_are_read_per_role(roles: str) -> None:
     assert specs["demo_role_port"] == {"type": "int", "role": "demo_role"}
 
 
+def test_specs_are_parsed_once_but_read_again_when_a_file_changes(roles: str) -> None:
+    first = load_specs(roles)
+    first["demo_role_port"]["type"] = "changed by a caller"  # each caller gets its own copy
+    assert load_specs(roles)["demo_role_port"]["type"] == "int"
+    spec = Path(roles) / "demo_role" / "meta" / "argument_specs.yml"
+    spec.write_text(SPEC + "      demo_role_added: {type: str}\n")
+    assert load_specs(roles)["demo_role_added"] == {"type": "str", "role": "demo_role"}
+
+
 def test_a_good_host_has_no_problems(roles: str) -> None:
     hv = {
         "ansible_host": "10.0.0.5",
