@@ -208,6 +208,18 @@ def compilation_config(budget: int | None) -> dict[str, Any]:
     return {"max_cudagraph_capture_size": ddtree_cudagraph_cap(max(BATCHES), budget, MAX_BATCHED_TOKENS)}
 
 
+def model_len(tokens: int) -> int:
+    """max_model_len for a case: the longest prompt, the tokens generated and room for the largest
+    DDTree step, so that no measured step runs near the end of the context. vLLM 0.20.1 runs the
+    drafter only while the request's optimistic length (under async scheduling it still counts the
+    last step's drafts) plus the budget fits, and the scheduler shortens a step that would pass the
+    end: with only 64 tokens of room, DDTree 64 at 8192 tokens drafted on 2 of 128 steps and ran the
+    second half as shortened steps without their full CUDA graph (about 2x the chain's step, none
+    of it a tree's cost)."""
+    largest = max(b for b in METHODS.values() if b) + 1
+    return max(CONTEXTS) + tokens + 4 * largest
+
+
 def load_results(folder: Path) -> list[dict[str, Any]]:
     """The rows of every case file in folder; other JSON there (a proof summary, logs) is not a case."""
     cases = [folder / f"{s}_{m}.json" for s in SHAPES for m in METHODS]
@@ -285,7 +297,7 @@ def run_case(
         model=str(target),
         load_format="dummy",
         skip_tokenizer_init=True,
-        max_model_len=max(CONTEXTS) + tokens + 64,
+        max_model_len=model_len(tokens),
         max_num_seqs=max(BATCHES),
         max_num_batched_tokens=MAX_BATCHED_TOKENS,
         enable_prefix_caching=False,

@@ -103,6 +103,13 @@ def test_ddtree_runs_with_the_graph_cap_service_swap_renders_and_the_rest_with_v
     assert bench.compilation_config(64) == {"max_cudagraph_capture_size": 528}
 
 
+def test_the_context_leaves_room_for_the_largest_ddtree_step_after_the_last_token(bench):
+    # 8192-token prompts, 128 tokens, DDTree 64: drafting needs the optimistic length (the last
+    # step's 65 tokens counted twice under async scheduling) plus the budget to fit.
+    assert bench.model_len(128) == 8192 + 128 + 4 * 65
+    assert bench.model_len(128) - 8192 - 128 >= 3 * 65
+
+
 def test_pairs_default_to_every_batch_and_context_in_the_measured_order(bench):
     assert bench.parse_pairs(None) == [(1, 512), (8, 512), (1, 8192), (8, 8192)]
     assert bench.parse_pairs("8x512, 1x8192") == [(8, 512), (1, 8192)]
