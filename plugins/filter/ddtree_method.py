@@ -156,8 +156,7 @@ def cudagraph_sizes(cap: int, query_len: int, max_num_batched_tokens: int) -> li
 
 def ddtree_cudagraph_cap(max_num_seqs: int, verify_tokens: int, max_num_batched_tokens: int) -> int:
     """The smallest ``max_cudagraph_capture_size`` under which vLLM 0.20.1 has a CUDA graph for
-    DDTree's largest uniform verification batch (0 when no such batch can be scheduled; the batched
-    tokens themselves where no cap can give that batch a graph).
+    DDTree's largest uniform verification batch (0 when no such batch can be scheduled).
 
     Each request verifies ``verify_tokens + 1`` tokens (the budget and the root); the scheduler
     bounds a step by the batched tokens left after the (verify_tokens - 1) draft slots it reserves
@@ -172,10 +171,13 @@ def ddtree_cudagraph_cap(max_num_seqs: int, verify_tokens: int, max_num_batched_
     batch = min(seqs, (tokens - seqs * (verify - 1)) // query_len) * query_len
     if batch < 1:
         return 0
-    for cap in range(batch, tokens + 1):
+    # The grid's steps are at most 16 tokens, so a cap that works lies within a few steps and a
+    # request's tokens of the batch (bounded, whatever the settings).
+    last = min(tokens, batch + 2 * (query_len + 16))
+    for cap in range(batch, last + 1):
         if (cudagraph_sizes(cap, query_len, tokens) or [0])[-1] >= batch:
             return cap
-    return tokens
+    return last
 
 
 class FilterModule:

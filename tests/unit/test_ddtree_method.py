@@ -197,6 +197,18 @@ def test_the_cap_gives_the_largest_uniform_batch_a_graph_and_is_the_smallest_tha
     assert max(wheel_sizes(cap - 1, verify + 1, tokens), default=0) < batch
 
 
+def test_every_schedulable_batch_gets_a_graph_whatever_the_settings(wheel_sizes) -> None:
+    for seqs in (1, 2, 3, 5, 8, 12, 32, 33):
+        for verify in (1, 2, 3, 7, 15, 16, 31, 64):
+            for tokens in (64, 300, 2048, 16384):
+                cap = ddtree_cudagraph_cap(seqs, verify, tokens)
+                batch = min(seqs, (tokens - seqs * (verify - 1)) // (verify + 1)) * (verify + 1)
+                if batch < 1:
+                    assert cap == 0
+                else:
+                    assert max(wheel_sizes(cap, verify + 1, tokens), default=0) >= batch, (seqs, verify, tokens)
+
+
 def test_no_cap_where_the_scheduler_leaves_no_uniform_batch() -> None:
     assert ddtree_cudagraph_cap(32, 64, 100) == 0  # 100 tokens < 32 x 63 draft slots
     assert ddtree_cudagraph_cap(0, 64, 16384) == 0
