@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "fakes"))
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
 sys.path.insert(0, str(REPO / "plugins" / "filter"))
-from ddtree_method import ddtree_cudagraph_cap  # noqa: E402
+from ddtree_method import ddtree_cudagraph_sizes  # noqa: E402
 from repo_module_utils import use_repo_module_utils  # noqa: E402
 
 use_repo_module_utils()
@@ -199,13 +199,13 @@ def decode_ms_per_step(first_token_ts: list[float], last_token_ts: list[float], 
 
 
 def compilation_config(budget: int | None) -> dict[str, Any]:
-    """DDTree runs with the CUDA-graph cap service_swap renders for it, so that its largest uniform
-    verification batch has a graph (plugins/filter/ddtree_method.py: 8 requests at budget 64 are 520
-    tokens, past vLLM's default cap of 512); the target alone and the chain keep vLLM's default, as
-    they are served."""
+    """DDTree runs with the CUDA graphs service_swap renders for it, one for every uniform
+    verification batch (plugins/filter/ddtree_method.py: 8 requests at budget 64 are 520 tokens,
+    past vLLM's default cap of 512); the target alone and the chain keep vLLM's default, as they
+    are served."""
     if not budget:
         return {}
-    return {"max_cudagraph_capture_size": ddtree_cudagraph_cap(max(BATCHES), budget, MAX_BATCHED_TOKENS)}
+    return {"cudagraph_capture_sizes": ddtree_cudagraph_sizes(max(BATCHES), budget, MAX_BATCHED_TOKENS)}
 
 
 def model_len(tokens: int) -> int:

@@ -123,61 +123,41 @@ def ddtree_state_check(
     return {"refuse": "", "warn": ""}
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
+# More CUDA graphs than this per engine make start-up long for little gain; past it, set
+# service_swap_max_cudagraph_capture_size instead.
+MAX_GRAPH_SIZES = 512
 
 
-def cudagraph_sizes(cap: int, query_len: int, max_num_batched_tokens: int) -> list[int]:
-    """The uniform decode batches (tokens) vLLM 0.20.1 captures CUDA graphs for, with
-    ``max_cudagraph_capture_size=cap`` and ``query_len`` tokens verified per request.
+def ddtree_cudagraph_sizes(max_num_seqs: int, verify_tokens: int, max_num_batched_tokens: int) -> list[int]:
+    """The CUDA-graph sizes that give every uniform DDTree verification batch its own full graph:
+    ``[q, 2q, ..., n q]`` with ``q = verify_tokens + 1`` tokens per request (the budget and the root)
+    and ``n`` the most requests the scheduler can put in one step (max_num_seqs, and the batched
+    tokens left after the (verify_tokens - 1) draft slots it reserves per sequence). Empty when no
+    uniform batch fits.
 
-    vLLM's own rule (VllmConfig._set_cudagraph_sizes and
-    CompilationConfig.adjust_cudagraph_sizes_for_spec_decode; tests/unit/test_ddtree_method.py runs
-    the wheel's code against this one): the cap is bounded by the batched tokens; sizes lie on a grid
-    (1, 2, 4, multiples of 8 below 256, of 16 from 256, plus the batched tokens where the cap reaches
-    them) and a cap off the grid is truncated to the largest size; with speculative decoding each
-    size is rounded up to a multiple of ``query_len`` and kept if it stays within that. A batch
-    larger than every size runs with no graph.
+    vLLM 0.20.1 pads a decode batch up to the next captured size and makes full decode graphs only
+    up to ``max_num_seqs x q``, from sizes on its own grid (multiples of 8, of 16 from 256) rounded
+    up to multiples of ``q``: no cap gives ``n q`` itself a graph where no grid point lies within a
+    request's tokens below it (33 requests at budget 14), and a cap off the grid is truncated (8
+    requests at budget 64, docs/benchmarks.md). Sizes given explicitly are kept as given
+    (tests/unit/test_ddtree_method.py runs vLLM's own code from the wheel on them).
     """
-    cap = min(int(cap), int(max_num_batched_tokens))
-    if cap < 1 or query_len < 1:
-        return []
-    grid = [s for s in (1, 2, 4) if s <= cap] + list(range(8, min(cap + 1, 256), 8))
-    if cap >= 256:
-        grid += list(range(256, cap + 1, 16))
-    if max_num_batched_tokens <= cap:
-        grid.append(int(max_num_batched_tokens))
-    kept = max(grid)
-    if query_len == 1:
-        return sorted(set(grid))
-    sizes = sorted({_round_up(s, query_len) for s in grid if _round_up(s, query_len) <= kept})
-    return sizes or ([query_len] if query_len <= kept else [])
-
-
-def ddtree_cudagraph_cap(max_num_seqs: int, verify_tokens: int, max_num_batched_tokens: int) -> int:
-    """The smallest ``max_cudagraph_capture_size`` under which vLLM 0.20.1 has a CUDA graph for
-    DDTree's largest uniform verification batch (0 when no such batch can be scheduled).
-
-    Each request verifies ``verify_tokens + 1`` tokens (the budget and the root); the scheduler
-    bounds a step by the batched tokens left after the (verify_tokens - 1) draft slots it reserves
-    per sequence. The cap is rounded up onto vLLM's size grid: 8 requests at budget 64 are 520
-    tokens, and a cap of 520 (truncated to 512) left that batch with no graph at all, 4.6x the
-    chain's step at Qwen3-8B shapes (docs/benchmarks.md).
-    """
-    seqs, verify, tokens = int(max_num_seqs), int(verify_tokens), int(max_num_batched_tokens)
+    values = (max_num_seqs, verify_tokens, max_num_batched_tokens)
+    if any(isinstance(v, bool) or not str(v).strip().isdigit() for v in values):
+        raise ValueError(
+            f"max_num_seqs, the verified tokens and max_num_batched_tokens must be whole numbers, not {values!r}"
+        )
+    seqs, verify, tokens = (int(str(v).strip()) for v in values)
     if seqs < 1 or verify < 1:
-        return 0
+        return []
     query_len = verify + 1
-    batch = min(seqs, (tokens - seqs * (verify - 1)) // query_len) * query_len
-    if batch < 1:
-        return 0
-    # The grid's steps are at most 16 tokens, so a cap that works lies within a few steps and a
-    # request's tokens of the batch (bounded, whatever the settings).
-    last = min(tokens, batch + 2 * (query_len + 16))
-    for cap in range(batch, last + 1):
-        if (cudagraph_sizes(cap, query_len, tokens) or [0])[-1] >= batch:
-            return cap
-    return last
+    requests = min(seqs, (tokens - seqs * (verify - 1)) // query_len)
+    if requests > MAX_GRAPH_SIZES:
+        raise ValueError(
+            f"{requests} requests per step would need {requests} CUDA graphs (more than {MAX_GRAPH_SIZES}): lower "
+            "service_swap_max_num_seqs, or set service_swap_max_cudagraph_capture_size to a number of tokens"
+        )
+    return [k * query_len for k in range(1, requests + 1)]
 
 
 class FilterModule:
@@ -186,5 +166,5 @@ class FilterModule:
             "ddtree_fallback_reason": ddtree_fallback_reason,
             "recurrent_state_bytes": recurrent_state_bytes,
             "ddtree_state_check": ddtree_state_check,
-            "ddtree_cudagraph_cap": ddtree_cudagraph_cap,
+            "ddtree_cudagraph_sizes": ddtree_cudagraph_sizes,
         }

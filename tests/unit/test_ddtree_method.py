@@ -7,15 +7,13 @@ import json
 import logging
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import release_files
 from ddtree_method import (
-    cudagraph_sizes,
-    ddtree_cudagraph_cap,
+    ddtree_cudagraph_sizes,
     ddtree_fallback_reason,
     ddtree_state_check,
     recurrent_state_bytes,
@@ -103,7 +101,7 @@ def test_a_pure_attention_target_has_no_tree_state() -> None:
     assert ddtree_state_check({"model_type": "qwen3"}, 1024, 256, 1, 1000, 0.5) == {"refuse": "", "warn": ""}
 
 
-# --- CUDA-graph sizes: the project's rule against vLLM 0.20.1's own code ---------------------------
+# --- CUDA graphs: what vLLM 0.20.1's own code makes of the sizes service_swap renders ------------
 
 
 def _wheel_method(source: str, cls: str, name: str):
@@ -124,92 +122,96 @@ def _wheel_method(source: str, cls: str, name: str):
 
 
 @pytest.fixture(scope="module")
-def wheel_sizes():
+def vllm_graph_sizes():
     """vLLM 0.20.1's VllmConfig._set_cudagraph_sizes then CompilationConfig.adjust_cudagraph_sizes_for_spec_decode
-    (what the engine runs with full decode graphs and spec decode), on stand-in configs."""
-    with zipfile.ZipFile(release_files.wheel()) as whl:
-        set_sizes = _wheel_method(whl.read("vllm/config/vllm.py").decode(), "VllmConfig", "_set_cudagraph_sizes")
-        adjust = _wheel_method(
-            whl.read("vllm/config/compilation.py").decode(),
-            "CompilationConfig",
-            "adjust_cudagraph_sizes_for_spec_decode",
-        )
+    (what the engine runs with full decode graphs and spec decode, the change set applied), on stand-in
+    configs: the sizes it captures, or None where it refuses to start."""
+    # vllm/config/vllm.py as the change set leaves it (it patches that file); compilation.py as released.
+    sources = {p: data.decode() for p, data in release_files.patched(["vllm/config/vllm.py"]).items()}
+    sources.update({p: data.decode() for p, data in release_files.pristine(["vllm/config/compilation.py"]).items()})
+    set_sizes = _wheel_method(sources["vllm/config/vllm.py"], "VllmConfig", "_set_cudagraph_sizes")
+    adjust = _wheel_method(
+        sources["vllm/config/compilation.py"], "CompilationConfig", "adjust_cudagraph_sizes_for_spec_decode"
+    )
 
-    def sizes(cap: int, query_len: int, max_num_batched_tokens: int) -> list[int]:
+    def sizes(compilation_config: dict, query_len: int, max_num_seqs: int, max_num_batched_tokens: int):
         compilation = SimpleNamespace(
             cudagraph_mode="FULL_AND_PIECEWISE",
-            max_cudagraph_capture_size=cap,
-            cudagraph_capture_sizes=None,
+            max_cudagraph_capture_size=compilation_config.get("max_cudagraph_capture_size"),
+            cudagraph_capture_sizes=compilation_config.get("cudagraph_capture_sizes"),
             pass_config=SimpleNamespace(enable_sp=False),
             post_init_cudagraph_sizes=lambda: None,
         )
         config = SimpleNamespace(
             model_config=SimpleNamespace(enforce_eager=False),
             compilation_config=compilation,
-            scheduler_config=SimpleNamespace(max_num_seqs=8, max_num_batched_tokens=max_num_batched_tokens),
-            speculative_config=None,
+            scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+            speculative_config=SimpleNamespace(num_speculative_tokens=query_len - 1),
             parallel_config=SimpleNamespace(tensor_parallel_size=1),
             performance_mode="balanced",
         )
-        set_sizes(config)
         try:
+            set_sizes(config)
             adjust(compilation, query_len, 1)
-        except ValueError as exc:  # vLLM refuses to start: "No valid cudagraph sizes after rounding ..."
-            assert "No valid cudagraph sizes" in str(exc)
-            return []
+        except ValueError as exc:  # "No valid cudagraph sizes after rounding ...": vLLM does not start
+            assert "cudagraph" in str(exc)
+            return None
         return list(compilation.cudagraph_capture_sizes)
 
     return sizes
 
 
-def test_vllm_truncates_a_cap_of_520_and_captures_no_graph_for_8_requests_at_budget_64(wheel_sizes) -> None:
-    # What vLLM logged on the H200: "Truncating max_cudagraph_capture_size to 512",
-    # "FULL=7 (largest=455)"; the 520-token batch of 8 requests ran without a graph.
-    assert wheel_sizes(520, 65, 65536) == [65, 130, 195, 260, 325, 390, 455]
-    assert cudagraph_sizes(520, 65, 65536) == [65, 130, 195, 260, 325, 390, 455]
+def test_a_cap_leaves_batches_without_their_graph_and_the_rendered_sizes_do_not(vllm_graph_sizes) -> None:
+    # What vLLM logged on the H200 with a cap of 520 (8 requests at budget 64): "Truncating
+    # max_cudagraph_capture_size to 512", "FULL=7 (largest=455)": the 520-token batch had no graph.
+    assert vllm_graph_sizes({"max_cudagraph_capture_size": 520}, 65, 8, 65536) == [65, 130, 195, 260, 325, 390, 455]
+    assert vllm_graph_sizes({"cudagraph_capture_sizes": ddtree_cudagraph_sizes(8, 64, 65536)}, 65, 8, 65536) == [
+        65,
+        130,
+        195,
+        260,
+        325,
+        390,
+        455,
+        520,
+    ]
+    # 33 requests at budget 14 (495 tokens): no cap gives that batch a graph (the grid's sizes near it
+    # round up to 480 and 510), where the rendered sizes do.
+    for cap in range(495, 700):
+        assert 495 not in (vllm_graph_sizes({"max_cudagraph_capture_size": cap}, 15, 33, 65536) or [])
+    assert 495 in vllm_graph_sizes({"cudagraph_capture_sizes": ddtree_cudagraph_sizes(33, 14, 65536)}, 15, 33, 65536)
 
 
-@pytest.mark.parametrize("query_len", [2, 3, 8, 16, 17, 33, 65, 129])
-def test_the_project_computes_the_sizes_vllm_does(wheel_sizes, query_len) -> None:
-    for tokens in (100, 700, 65536):
-        for cap in [*range(1, 700), 1056, 2080, 2081, 4100]:
-            assert cudagraph_sizes(cap, query_len, tokens) == wheel_sizes(cap, query_len, tokens), (cap, tokens)
-
-
-@pytest.mark.parametrize(
-    ("seqs", "verify", "tokens", "cap"),
-    [
-        (8, 64, 65536, 528),  # the step benchmark's batch 8 at budget 64 (520 tokens)
-        (32, 64, 16384, 2080),  # service_swap's defaults at budget 64: 32 x 65 is on the grid
-        (32, 15, 16384, 512),
-        (32, 64, 2300, 272),  # the scheduler leaves 2300 - 32 x 63 = 284 tokens: 4 x 65 = 260
-        (12, 16, 16384, 208),
-        (1, 64, 65536, 72),
-    ],
-)
-def test_the_cap_gives_the_largest_uniform_batch_a_graph_and_is_the_smallest_that_does(
-    wheel_sizes, seqs, verify, tokens, cap
-) -> None:
-    assert ddtree_cudagraph_cap(seqs, verify, tokens) == cap
-    bound = tokens - seqs * (verify - 1)
-    batch = min(seqs, bound // (verify + 1)) * (verify + 1)
-    assert batch in wheel_sizes(cap, verify + 1, tokens)
-    assert max(wheel_sizes(cap - 1, verify + 1, tokens), default=0) < batch
-
-
-def test_every_schedulable_batch_gets_a_graph_whatever_the_settings(wheel_sizes) -> None:
-    for seqs in (1, 2, 3, 5, 8, 12, 32, 33):
-        for verify in (1, 2, 3, 7, 15, 16, 31, 64):
+def test_every_uniform_batch_the_scheduler_can_make_has_its_own_graph(vllm_graph_sizes) -> None:
+    for seqs in (1, 2, 3, 5, 8, 12, 32, 33, 49):
+        for verify in (1, 2, 3, 7, 14, 15, 16, 31, 64):
             for tokens in (64, 300, 2048, 16384):
-                cap = ddtree_cudagraph_cap(seqs, verify, tokens)
-                batch = min(seqs, (tokens - seqs * (verify - 1)) // (verify + 1)) * (verify + 1)
-                if batch < 1:
-                    assert cap == 0
-                else:
-                    assert max(wheel_sizes(cap, verify + 1, tokens), default=0) >= batch, (seqs, verify, tokens)
+                sizes = ddtree_cudagraph_sizes(seqs, verify, tokens)
+                requests = min(seqs, (tokens - seqs * (verify - 1)) // (verify + 1))
+                assert len(sizes) == max(requests, 0)
+                if sizes:
+                    captured = vllm_graph_sizes({"cudagraph_capture_sizes": sizes}, verify + 1, seqs, tokens)
+                    assert captured == sizes, (seqs, verify, tokens)
 
 
-def test_no_cap_where_the_scheduler_leaves_no_uniform_batch() -> None:
-    assert ddtree_cudagraph_cap(32, 64, 100) == 0  # 100 tokens < 32 x 63 draft slots
-    assert ddtree_cudagraph_cap(0, 64, 16384) == 0
-    assert ddtree_cudagraph_cap(8, 0, 16384) == 0
+def test_the_service_swap_defaults_render_32_graphs_at_budget_64() -> None:
+    assert ddtree_cudagraph_sizes(32, 64, 16384) == [65 * k for k in range(1, 33)]
+    assert ddtree_cudagraph_sizes(32, 64, 2300) == [65, 130, 195, 260]  # 2300 - 32 x 63 = 284 tokens left
+    assert ddtree_cudagraph_sizes("8", "64", "65536")[-1] == 520  # inventory values arrive as text too
+
+
+def test_no_sizes_where_the_scheduler_leaves_no_uniform_batch() -> None:
+    assert ddtree_cudagraph_sizes(32, 64, 100) == []  # 100 tokens < 32 x 63 draft slots
+    assert ddtree_cudagraph_sizes(0, 64, 16384) == []
+    assert ddtree_cudagraph_sizes(8, 0, 16384) == []
+
+
+@pytest.mark.parametrize("values", [(True, 64, 16384), ("x", 64, 16384), (32, -1.5, 16384), (32, 64, None)])
+def test_values_that_are_not_whole_numbers_are_refused_with_a_sentence(values) -> None:
+    with pytest.raises(ValueError, match="must be whole numbers"):
+        ddtree_cudagraph_sizes(*values)
+
+
+def test_huge_settings_are_refused_before_any_list_is_built() -> None:
+    with pytest.raises(ValueError, match="lower service_swap_max_num_seqs"):
+        ddtree_cudagraph_sizes(10**9, 64, 10**12)

@@ -148,8 +148,8 @@ def test_dense_target_ddtree_with_budget_and_extra_args(dirs):
         " --max-num-batched-tokens 16384 \\",
         ' --speculative-config \'{"method":"ddtree","model":"/opt/models/drafter","num_speculative_tokens":15,'
         '"ddtree_budget":32}\' \\',
-        # every uniform batch in a graph: 32 requests x 33 tokens, within 16384 - 32 x 31
-        " --compilation-config '{\"max_cudagraph_capture_size\":1056}' \\",
+        # every uniform batch in a graph: 1 to 32 requests of 33 tokens, within 16384 - 32 x 31
+        ' --compilation-config \'{"cudagraph_capture_sizes":[' + ",".join(str(33 * k) for k in range(1, 33)) + "]}' \\",
         " --reasoning-parser qwen3 \\",
         " --enforce-eager",
     ]
@@ -398,24 +398,24 @@ def test_preflight_refuses_a_ddtree_budget_whose_tree_state_cannot_fit(dirs):
     assert "Read the SGLang unit the swap may have to restore" in res.stdout
 
 
-def test_the_cuda_graph_cap_follows_the_scheduler_and_an_explicit_setting(dirs):
+def test_ddtree_gets_a_graph_for_every_uniform_batch_and_an_explicit_cap_is_passed_as_given(dirs):
     def argv(*extra: str) -> str:
         return " ".join(line.rstrip("\\").strip() for line in render(dirs, *extra))
 
-    def cap(tokens: int) -> str:
-        return f"--compilation-config '{{\"max_cudagraph_capture_size\":{tokens}}}'"
+    def sizes(*tokens: int) -> str:
+        return f"--compilation-config '{{\"cudagraph_capture_sizes\":[{','.join(map(str, tokens))}]}}'"
 
     ddtree = ("-e", "service_swap_spec_method=ddtree", "-e", "shared_settings_ddtree_budget=64")
-    # 32 x 65 = 2080 tokens, within 16384 - 32 x 63 = 14368: every uniform batch gets a graph.
-    assert cap(2080) in argv("dense", *ddtree)
-    # A scheduler that takes fewer tokens than that bounds it: 2300 - 32 x 63 = 284 tokens hold 4 x 65
-    # = 260, and vLLM would truncate a cap of 260 to 256 (its size grid), so the cap is 272.
-    assert cap(272) in argv("dense", *ddtree, "-e", "service_swap_max_num_batched_tokens=2300")
-    # 8 requests at budget 64 are 520 tokens, off the grid: 528 (520 would be truncated to 512).
-    assert cap(528) in argv("dense", *ddtree, "-e", "service_swap_max_num_seqs=8")
+    # 1 to 32 requests of 65 tokens, within 16384 - 32 x 63 = 14368.
+    assert sizes(*range(65, 32 * 65 + 1, 65)) in argv("dense", *ddtree)
+    # A scheduler that takes fewer tokens bounds it: 2300 - 32 x 63 = 284 tokens hold 4 x 65.
+    assert sizes(65, 130, 195, 260) in argv("dense", *ddtree, "-e", "service_swap_max_num_batched_tokens=2300")
+    # 8 requests: 520 tokens, which a cap would leave without a graph (vLLM truncates it to 512).
+    assert sizes(65, 130, 195, 260, 325, 390, 455, 520) in argv("dense", *ddtree, "-e", "service_swap_max_num_seqs=8")
     assert "--compilation-config" not in argv("dense", *ddtree, "-e", "service_swap_max_cudagraph_capture_size=0")
     assert "--compilation-config" not in argv("hybrid")  # the chain keeps vLLM's default
-    assert cap(256) in argv("hybrid", "-e", "service_swap_max_cudagraph_capture_size=256")
+    cap = "--compilation-config '{\"max_cudagraph_capture_size\":256}'"
+    assert cap in argv("hybrid", "-e", "service_swap_max_cudagraph_capture_size=256")
 
 
 @pytest.mark.parametrize("value", ["-5", "lots", "1.5"])

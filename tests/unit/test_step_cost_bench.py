@@ -98,9 +98,9 @@ def test_only_case_files_are_read_back(bench, tmp_path):
 def test_ddtree_runs_with_the_graph_cap_service_swap_renders_and_the_rest_with_vllms_default(bench):
     assert bench.compilation_config(None) == {}  # the target alone
     assert bench.compilation_config(0) == {}  # the chain
-    assert bench.compilation_config(16) == {"max_cudagraph_capture_size": 136}  # 8 x 17 tokens
-    # 8 x 65 = 520 tokens: a cap of 520 is truncated to 512 by vLLM and leaves that batch without a graph.
-    assert bench.compilation_config(64) == {"max_cudagraph_capture_size": 528}
+    assert bench.compilation_config(16) == {"cudagraph_capture_sizes": [17, 34, 51, 68, 85, 102, 119, 136]}
+    # 8 x 65 = 520 tokens, past vLLM's default cap of 512.
+    assert bench.compilation_config(64) == {"cudagraph_capture_sizes": [65, 130, 195, 260, 325, 390, 455, 520]}
 
 
 def test_the_context_leaves_room_for_the_largest_ddtree_step_after_the_last_token(bench):
