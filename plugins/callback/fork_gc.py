@@ -31,8 +31,10 @@ from typing import Any
 
 from ansible.plugins.callback import CallbackBase
 
-# Task starts (per play, not per host) after which the next play start collects: about one
-# node's idempotent site.yml (130 task starts), so a rollout collects about once per batch of one.
+# Task starts (per play, not per host) after which the next play start collects: more than one
+# node's idempotent site.yml (about 130 task starts), so a one-node run never collects and a
+# rollout in batches of one node collects about every second batch. What stays frozen until then
+# is the cyclic garbage of those task starts: bounded, however long the rollout.
 COLLECT_AFTER_TASKS = 150
 
 

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import inventory_checks
 import pytest
 from inventory_checks import inventory_problems, load_specs, rollout_problems, type_problem
 
@@ -30,13 +31,19 @@ def test_specs_are_read_per_role(roles: str) -> None:
     assert specs["demo_role_port"] == {"type": "int", "role": "demo_role"}
 
 
-def test_specs_are_parsed_once_but_read_again_when_a_file_changes(roles: str) -> None:
+def test_specs_are_parsed_once_but_read_again_when_a_file_changes(roles: str, monkeypatch) -> None:
+    parses = []
+    real_load = inventory_checks.yaml.load
+    monkeypatch.setattr(inventory_checks.yaml, "load", lambda *a, **k: parses.append(1) or real_load(*a, **k))
     first = load_specs(roles)
+    load_specs(roles)
+    assert len(parses) == 1
     first["demo_role_port"]["type"] = "changed by a caller"  # each caller gets its own copy
     assert load_specs(roles)["demo_role_port"]["type"] == "int"
     spec = Path(roles) / "demo_role" / "meta" / "argument_specs.yml"
     spec.write_text(SPEC + "      demo_role_added: {type: str}\n")
     assert load_specs(roles)["demo_role_added"] == {"type": "str", "role": "demo_role"}
+    assert len(parses) == 2
 
 
 def test_a_good_host_has_no_problems(roles: str) -> None:

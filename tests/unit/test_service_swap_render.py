@@ -425,3 +425,14 @@ def test_preflight_refuses_a_cuda_graph_cap_that_is_not_auto_or_tokens(dirs, val
     assert f"service_swap_max_cudagraph_capture_size is {value}; it must be auto or a number of tokens" in " ".join(
         res.stdout.split()
     )
+
+
+def test_preflight_refuses_a_cuda_graph_cap_below_one_request_s_tokens(dirs):
+    """vLLM 0.20.1 would refuse to start: no size holds the 16 tokens a request verifies (budget 15)."""
+    res = preflight(dirs, "-e", "service_swap_max_cudagraph_capture_size=8")
+    assert res.returncode == 2
+    assert "service_swap_max_cudagraph_capture_size is 8, less than the 16 tokens one request verifies per step" in (
+        " ".join(res.stdout.split())
+    )
+    res = preflight(dirs, "-e", "service_swap_max_cudagraph_capture_size=16")
+    assert "less than the" not in res.stdout
