@@ -119,3 +119,8 @@ def test_pairs_default_to_every_batch_and_context_in_the_measured_order(bench):
 def test_a_pair_that_is_not_a_measured_batch_and_context_is_named(bench, text):
     with pytest.raises(ValueError, match=text):
         bench.parse_pairs(text)
+
+
+def test_cases_keep_tritons_autotuning_on_disk_unless_the_caller_says_otherwise(bench):
+    assert bench.case_env({"PATH": "/usr/bin"}) == {"PATH": "/usr/bin", "TRITON_CACHE_AUTOTUNING": "1"}
+    assert bench.case_env({"TRITON_CACHE_AUTOTUNING": "0"}) == {"TRITON_CACHE_AUTOTUNING": "0"}
