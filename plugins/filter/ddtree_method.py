@@ -128,6 +128,13 @@ def ddtree_state_check(
 MAX_GRAPH_SIZES = 512
 
 
+def draft_slots(max_num_seqs: Any, verify_tokens: Any) -> int:
+    """Batched-token slots vLLM 0.20.1's scheduler reserves for drafting: verify_tokens - 1 per
+    sequence. vLLM refuses to start unless max_num_batched_tokens exceeds them (service_swap's
+    preflight says so first), and they bound how many requests one verification step holds."""
+    return int(max_num_seqs) * (int(verify_tokens) - 1)
+
+
 def ddtree_cudagraph_sizes(max_num_seqs: int, verify_tokens: int, max_num_batched_tokens: int) -> list[int]:
     """The CUDA-graph sizes that give every uniform DDTree verification batch its own full graph:
     ``[q, 2q, ..., n q]`` with ``q = verify_tokens + 1`` tokens per request (the budget and the root)
@@ -151,7 +158,7 @@ def ddtree_cudagraph_sizes(max_num_seqs: int, verify_tokens: int, max_num_batche
     if seqs < 1 or verify < 1:
         return []
     query_len = verify + 1
-    requests = min(seqs, (tokens - seqs * (verify - 1)) // query_len)
+    requests = min(seqs, (tokens - draft_slots(seqs, verify)) // query_len)
     if requests > MAX_GRAPH_SIZES:
         raise ValueError(
             f"{requests} requests per step would need {requests} CUDA graphs (more than {MAX_GRAPH_SIZES}): lower "
@@ -167,4 +174,5 @@ class FilterModule:
             "recurrent_state_bytes": recurrent_state_bytes,
             "ddtree_state_check": ddtree_state_check,
             "ddtree_cudagraph_sizes": ddtree_cudagraph_sizes,
+            "ddtree_draft_slots": draft_slots,
         }

@@ -16,6 +16,7 @@ from ddtree_method import (
     ddtree_cudagraph_sizes,
     ddtree_fallback_reason,
     ddtree_state_check,
+    draft_slots,
     recurrent_state_bytes,
 )
 
@@ -215,3 +216,9 @@ def test_values_that_are_not_whole_numbers_are_refused_with_a_sentence(values) -
 def test_huge_settings_are_refused_before_any_list_is_built() -> None:
     with pytest.raises(ValueError, match="lower service_swap_max_num_seqs"):
         ddtree_cudagraph_sizes(10**9, 64, 10**12)
+
+
+def test_draft_slots_are_the_verified_tokens_less_one_per_sequence() -> None:
+    assert draft_slots(32, 64) == 2016
+    assert draft_slots("8", "15") == 112  # inventory values arrive as text too
+    assert draft_slots(4, 1) == 0

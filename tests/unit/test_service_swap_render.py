@@ -413,6 +413,8 @@ def test_ddtree_gets_a_graph_for_every_uniform_batch_and_an_explicit_cap_is_pass
     # 8 requests: 520 tokens, which a cap would leave without a graph (vLLM truncates it to 512).
     assert sizes(65, 130, 195, 260, 325, 390, 455, 520) in argv("dense", *ddtree, "-e", "service_swap_max_num_seqs=8")
     assert "--compilation-config" not in argv("dense", *ddtree, "-e", "service_swap_max_cudagraph_capture_size=0")
+    # 2030 - 32 x 63 = 14 tokens: no uniform batch of 65 fits, so no sizes (and no empty list).
+    assert "--compilation-config" not in argv("dense", *ddtree, "-e", "service_swap_max_num_batched_tokens=2030")
     assert "--compilation-config" not in argv("hybrid")  # the chain keeps vLLM's default
     cap = "--compilation-config '{\"max_cudagraph_capture_size\":256}'"
     assert cap in argv("hybrid", "-e", "service_swap_max_cudagraph_capture_size=256")
