@@ -300,6 +300,15 @@ def _serial_problem(value: Any) -> str | None:
     return None
 
 
+def rollout_setting(hostvars: Mapping[str, Mapping[str, Any]], hosts: list[str], name: str, roles_dir: str) -> Any:
+    """The value a play takes for a rollout setting: its first node's, else the default of
+    playbooks/vars/rollout_argument_specs.yml (the one place it is written)."""
+    if name not in ROLLOUT_SETTINGS:
+        raise ValueError(f"{name} is not a rollout setting ({', '.join(ROLLOUT_SETTINGS)})")
+    default = load_specs(roles_dir)[name].get("default")
+    return hostvars[hosts[0]].get(name, default) if hosts else default
+
+
 def rollout_problems(hostvars: Mapping[str, Mapping[str, Any]], hosts: list[str], roles_dir: str) -> list[str]:
     """The rollout settings an operator can set wrongly for a whole play, one sentence each.
 
@@ -327,7 +336,7 @@ def rollout_problems(hostvars: Mapping[str, Mapping[str, Any]], hosts: list[str]
                 " once, in group_vars/all or with -e."
             )
             continue
-        value = hostvars[hosts[0]].get(name, default) if hosts else default
+        value = rollout_setting(hostvars, hosts, name, roles_dir)
         if name == "rollout_serial":
             problem = _serial_problem(value)
         elif isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= 100:
@@ -341,4 +350,8 @@ def rollout_problems(hostvars: Mapping[str, Mapping[str, Any]], hosts: list[str]
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"inventory_problems": inventory_problems, "rollout_problems": rollout_problems}
+        return {
+            "inventory_problems": inventory_problems,
+            "rollout_problems": rollout_problems,
+            "rollout_setting": rollout_setting,
+        }

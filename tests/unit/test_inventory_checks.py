@@ -4,7 +4,7 @@ from pathlib import Path
 
 import inventory_checks
 import pytest
-from inventory_checks import inventory_problems, load_specs, rollout_problems, type_problem
+from inventory_checks import inventory_problems, load_specs, rollout_problems, rollout_setting, type_problem
 
 SPEC = """\
 argument_specs:
@@ -307,3 +307,12 @@ def test_rollout_values_ansible_cannot_batch_by_are_refused(name: str, value, ex
 @pytest.mark.parametrize("serial", [[1], [1, "25%"], ["100%"], ["12 %", 3], ["2"], [2, 5, "50%"]])
 def test_batch_sizes_ansible_takes_pass(serial) -> None:
     assert rollout_problems({"ct1": {"rollout_serial": serial}}, ["ct1"], REPO_ROLES) == []
+
+
+def test_a_play_takes_its_first_nodes_rollout_setting_else_the_specs_default() -> None:
+    hostvars = {"a": {"rollout_serial": [2]}, "b": {}}
+    assert rollout_setting(hostvars, ["a", "b"], "rollout_serial", REPO_ROLES) == [2]
+    assert rollout_setting(hostvars, ["b", "a"], "rollout_serial", REPO_ROLES) == [1, "25%"]
+    assert rollout_setting(hostvars, [], "rollout_max_fail_percentage", REPO_ROLES) == 0
+    with pytest.raises(ValueError, match="not a rollout setting"):
+        rollout_setting(hostvars, ["a"], "serial", REPO_ROLES)
