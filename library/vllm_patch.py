@@ -278,7 +278,8 @@ def main() -> None:
         module.fail_json(msg=str(exc))
     except OSError as exc:  # a path the module cannot use (too long, a loop of links): named, no traceback
         where = exc.filename or module.params["venv"]
-        module.fail_json(msg=f"{str(where)[:300]}: {exc.strerror or exc}; check the venv and changeset_root paths")
+        paths = "the venv and changeset_root paths" if module.params["changeset_root"] else "the venv's path"
+        module.fail_json(msg=f"{str(where)[:300]}: {exc.strerror or exc}; check {paths}")
     module.exit_json(**result)
 
 

@@ -1021,6 +1021,18 @@ def test_a_venv_or_changeset_root_no_path_can_name_is_a_message(venv, capsys):
     assert len(out["msg"]) < 400
 
 
+def test_with_manifests_an_unusable_path_names_only_the_venv(venv, capsys, monkeypatch):
+    """The controller sends manifests, so the node has no changeset_root to blame."""
+
+    def too_long(*_args, **_kwargs):
+        raise OSError(36, "File name too long", "/opt/vllm/" + "x" * 500)
+
+    monkeypatch.setattr(vllm_patch, "plan", too_long)
+    out = run_module({"venv": str(venv), "manifests": manifests()}, capsys)
+    assert out["failed"] is True
+    assert out["msg"] == "/opt/vllm/" + "x" * 290 + ": File name too long; check the venv's path"
+
+
 def test_a_huge_metadata_is_named_not_read_whole(venv, capsys, deadline):
     """Issue 23: METADATA was read whole, however big (a sparse 1 TiB one filled the memory). Just over the
     limit here: without the bound the module goes on and patches."""
