@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -171,19 +172,41 @@ def write_models(shape: str, root: Path) -> tuple[Path, Path]:
 
 
 # ---------------------------------------------------------------------------
+# What each method's figure is compared with: a ratio means something only between cases of one
+# call (the same machine), so every call that measures a method measures its baseline too.
+BASELINE = {
+    "target_tree": "target",
+    "chain_sync": "chain",
+    "ddtree16": "chain",
+    "ddtree32": "chain",
+    "ddtree64": "chain",
+    "ddtree16_sync": "chain",
+}
+
+
 def plan(shapes: list[str], methods: list[str]) -> list[list[tuple[str, str]]]:
-    """The (shape, method) cases packed into calls of CALL_S seconds, in order."""
+    """The (shape, method) cases packed into calls of CALL_S seconds, in order, each call opening
+    with the baseline of the methods it holds (when that baseline is asked for), so each ratio
+    compares cases of one machine. A method always shares its call with its baseline, even where
+    the two take longer than CALL_S (27B, cold): ``call_seconds`` says so."""
     calls: list[list[tuple[str, str]]] = []
-    used = CALL_S
     for shape in shapes:
-        per_case = START_S[shape] + RUN_S
+        fit = CALL_S // (START_S[shape] + RUN_S)
+        groups: dict[str | None, list[str]] = {}  # baseline (None: none asked for) -> its methods
         for method in methods:
-            if used + per_case > CALL_S:
-                calls.append([])
-                used = 0
-            calls[-1].append((shape, method))
-            used += per_case
+            base = BASELINE.get(method)
+            groups.setdefault(base if base in methods else None, []).append(method)
+        for base, members in groups.items():
+            head = [base] if base else []
+            rest = [m for m in members if m not in groups]  # a baseline with methods opens their calls
+            room = max(1, fit - len(head))
+            calls.extend([(shape, m) for m in head + rest[i : i + room]] for i in range(0, len(rest), room))
     return calls
+
+
+def call_seconds(call: list[tuple[str, str]], pairs: int = 4) -> int:
+    """A call's estimated seconds: each case's cold start and its run of ``pairs`` (batch, context) pairs."""
+    return sum(START_S[shape] + -(-RUN_S * pairs // 4) for shape, _method in call)
 
 
 def case_timeout_s(shape: str) -> int:
@@ -237,34 +260,72 @@ def load_results(folder: Path) -> list[dict[str, Any]]:
 
 
 def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each result row with its ratio to the chain of the same shape, batch and context."""
-    chain = {(r["shape"], r["batch"], r["context"]): r["ms_per_step"] for r in results if r["method"] == "chain"}
+    """Each result row with its ratio to the chain of the same shape, batch, context and run (machines
+    of one kind differ by up to a third, so rows of two runs are never divided); none for a row
+    with a problem, or against one."""
+
+    def key(r: dict[str, Any]) -> tuple:
+        return r["shape"], r["batch"], r["context"], r.get("run", "")
+
+    chain = {key(r): r for r in results if r["method"] == "chain"}
     out = []
     for r in results:
-        base = chain.get((r["shape"], r["batch"], r["context"]))
+        base = chain.get(key(r))
+        ok = base is not None and base.get("ms_per_step") and r.get("ms_per_step")
+        ok = ok and not r.get("problem") and not base.get("problem")
         row = dict(r)
-        row["vs_chain"] = round(r["ms_per_step"] / base, 3) if base and r.get("ms_per_step") else None
+        row["vs_chain"] = round(r["ms_per_step"] / base["ms_per_step"], 3) if ok else None
         out.append(row)
     return out
 
 
 def table(results: list[dict[str, Any]]) -> str:
+    """The rows with their ratio to the chain; a row with a problem is marked, the problems listed below."""
     order = list(METHODS)
-    rows = sorted(ratios(results), key=lambda r: (r["shape"], r["context"], r["batch"], order.index(r["method"])))
+    rows = sorted(
+        ratios(results),
+        key=lambda r: (r["shape"], r["context"], r["batch"], order.index(r["method"]), r.get("run", "")),
+    )
     lines = ["| shape | context | batch | method | ms/step | x chain |", "| --- | ---: | ---: | --- | ---: | ---: |"]
+    notes = []
     for r in rows:
         ms = "-" if r.get("ms_per_step") is None else f"{r['ms_per_step']:.2f}"
+        if r.get("problem"):
+            notes.append(
+                f"{len(notes) + 1}. {r['shape']} {r['method']} batch {r['batch']} at {r['context']}: {r['problem']}"
+            )
+            ms += f" ({len(notes)})"
         vs = "-" if r["vs_chain"] is None else f"{r['vs_chain']:.3f}"
         lines.append(f"| {r['shape']} | {r['context']} | {r['batch']} | {r['method']} | {ms} | {vs} |")
-    return "\n".join(lines)
+    runs = sorted({r.get("run", "") for r in rows})
+    if len(runs) > 1:
+        notes.append(f"{len(runs)} runs ({', '.join(x or 'unnamed' for x in runs)}): ratios only within one run.")
+    return "\n".join(lines + (["", *notes] if notes else []))
 
 
 # ---------------------------------------------------------------------------
-def _drafts(llm) -> float:
+def _spec_counters(llm) -> tuple[float, float]:
+    """vLLM's spec-decode counters so far: (drafts, accepted tokens), summed over its engines."""
+    found = {"vllm:spec_decode_num_drafts": 0.0, "vllm:spec_decode_num_accepted_tokens": 0.0}
     for m in llm.get_metrics():
-        if m.name == "vllm:spec_decode_num_drafts":
-            return float(getattr(m, "value", 0) or 0)
-    return 0.0
+        if m.name in found:
+            found[m.name] += float(getattr(m, "value", 0) or 0)
+    return found["vllm:spec_decode_num_drafts"], found["vllm:spec_decode_num_accepted_tokens"]
+
+
+def decode_steps(tokens: int, batch: int, drafts: float, accepted: float, speculative: bool) -> tuple[float, str]:
+    """(decode steps of a pass, problem): every step yields one token per request plus what it
+    accepted, so a pass of ``tokens`` decoded tokens took ``tokens - accepted / batch`` steps.
+    A speculative pass should have drafted on every one of them: where vLLM stopped drafting (too
+    little room before max_model_len) the steps are not what the method costs, and the problem
+    says so (such a row once passed for a step cost: 0 drafts then counted as ``tokens`` steps)."""
+    if not speculative:
+        return float(tokens), ""
+    steps = tokens - accepted / batch
+    drafted = drafts / batch
+    if steps <= 0 or drafted < 0.95 * steps:
+        return steps, f"drafted on {drafted:.0f} of {steps:.0f} steps per request: not this method's step cost"
+    return steps, ""
 
 
 PROFILE_TOKENS = 24  # decode steps of the profiled pass (context 512)
@@ -293,10 +354,12 @@ def run_case(
     profile: Path | None = None,
     pairs: list[tuple[int, int]] | None = None,
     profile_batch: int = 1,
+    run: str = "",
 ) -> list[dict[str, Any]]:
     """One vLLM process: each (batch, context) pair of one (shape, method) (default every pair); with
     ``profile``, then a torch-profiled decode at context 512 and ``profile_batch`` requests,
-    summarised into ``profile`` (step_profile.py)."""
+    summarised into ``profile`` (step_profile.py). Rows carry ``run``, the `run` invocation that
+    measured them (its machine and start), which ``ratios`` pairs on."""
     import random
 
     from vllm import LLM, SamplingParams
@@ -347,10 +410,10 @@ def run_case(
         warm = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, detokenize=False)
         many = SamplingParams(temperature=0, max_tokens=1 + tokens, ignore_eos=True, detokenize=False)
         llm.generate(prompts, warm)  # this shape's prefill and decode, once
-        d0 = _drafts(llm)
+        d0, a0 = _spec_counters(llm)
         outputs = llm.generate(prompts, many)
-        steps = (_drafts(llm) - d0) / batch if budget is not None else tokens
-        steps = steps or tokens
+        d1, a1 = _spec_counters(llm)
+        steps, problem = decode_steps(tokens, batch, d1 - d0, a1 - a0, budget is not None)
         stats = [o.metrics for o in outputs]
         out.append(
             {
@@ -363,6 +426,8 @@ def run_case(
                     [m.first_token_ts for m in stats], [m.last_token_ts for m in stats], steps
                 ),
                 "start_s": round(start_s, 1),
+                "run": run,
+                **({"problem": problem} if problem else {}),
             }
         )
     if profile is not None:
@@ -405,15 +470,17 @@ def main() -> int:
     s.add_argument("--out", required=True, type=Path)
     s.add_argument("--tokens", type=int, default=128)
     s.add_argument("--profile", type=Path, help="folder for the profiled pass's trace and summary")
-    for name in ("run", "case"):
+    s.add_argument("--run", default="", help="the run that measures this case (its rows carry it)")
+    for name in ("plan", "run", "case"):
         sub.choices[name].add_argument("--pairs", help="BATCHxCONTEXT pairs to measure, e.g. 8x512 (default: all)")
+    for name in ("run", "case"):
         sub.choices[name].add_argument("--profile-batch", type=int, default=1, help="requests in the profiled pass")
     s = sub.add_parser("table")
     s.add_argument("dir", type=Path)
     a = ap.parse_args()
     if a.cmd in ("plan", "run"):
         shapes, methods = a.shapes.split(","), a.methods.split(",")
-        if a.cmd == "run":
+        if a.cmd in ("plan", "run"):
             try:
                 parse_pairs(a.pairs)
             except ValueError as e:
@@ -425,19 +492,27 @@ def main() -> int:
             )
     if a.cmd == "plan":
         for n, call in enumerate(plan(shapes, methods), 1):
-            print(f"call {n}: " + ", ".join(f"{s}/{m}" for s, m in call))
+            seconds = call_seconds(call, len(parse_pairs(a.pairs)))
+            over = (
+                f", more than the {CALL_S} s a call leaves: its second case may not finish" if seconds > CALL_S else ""
+            )
+            print(f"call {n} (about {seconds} s{over}): " + ", ".join(f"{s}/{m}" for s, m in call))
         return 0
     if a.cmd == "case":
         a.out.mkdir(parents=True, exist_ok=True)
-        rows = run_case(a.shape, a.method, a.out / "models", a.tokens, a.profile, parse_pairs(a.pairs), a.profile_batch)
+        rows = run_case(
+            a.shape, a.method, a.out / "models", a.tokens, a.profile, parse_pairs(a.pairs), a.profile_batch, a.run
+        )
         (a.out / f"{a.shape}_{a.method}.json").write_text(json.dumps(rows, indent=1))
         return 0
     if a.cmd == "run":
         a.out.mkdir(parents=True, exist_ok=True)
+        run = f"{socket.gethostname()} {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
         for shape in shapes:
             for method in methods:
                 log = a.out / f"{shape}_{method}.log"
                 cmd = [sys.executable, __file__, "case", shape, method, "--out", str(a.out), "--tokens", str(a.tokens)]
+                cmd += ["--run", run]
                 if a.profile:
                     cmd += ["--profile", str(a.out / "profile"), "--profile-batch", str(a.profile_batch)]
                 if a.pairs:
@@ -456,6 +531,7 @@ def main() -> int:
     results = load_results(a.dir)
     print(table(results))
     (a.dir / "summary.md").write_text(table(results) + "\n")
+    (a.dir / "summary.json").write_text(json.dumps(ratios(results), indent=1) + "\n")
     return 0 if results else 1
 
 

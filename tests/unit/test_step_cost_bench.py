@@ -43,13 +43,26 @@ def test_the_8b_pair(bench, tmp_path):
     assert "layer_types" not in d or d["layer_types"] == ["full_attention"] * 5
 
 
-def test_the_plan_fits_each_call(bench):
+def test_the_plan_puts_every_method_in_a_call_with_its_baseline(bench):
     calls = bench.plan(["8b", "27b"], list(bench.METHODS))
-    assert [case for call in calls for case in call] == [(s, m) for s in ("8b", "27b") for m in bench.METHODS]
-    assert calls[0] == [("8b", "target"), ("8b", "target_tree"), ("8b", "chain")]  # 175 s each, 560 s a call
-    assert all(len(call) == 1 for call in calls if call[0][0] == "27b")  # 325 s each
-    for call in calls:
-        assert sum(bench.START_S[s] + bench.RUN_S for s, _m in call) <= bench.CALL_S
+    assert calls[:4] == [
+        [("8b", "target"), ("8b", "target_tree")],
+        [("8b", "chain"), ("8b", "chain_sync"), ("8b", "ddtree16")],  # 175 s each, 560 s a call
+        [("8b", "chain"), ("8b", "ddtree32"), ("8b", "ddtree64")],
+        [("8b", "chain"), ("8b", "ddtree16_sync")],
+    ]
+    assert calls[4:] == [[("27b", "target"), ("27b", "target_tree")]] + [
+        [("27b", "chain"), ("27b", m)] for m in ("chain_sync", "ddtree16", "ddtree32", "ddtree64", "ddtree16_sync")
+    ]
+    assert [bench.call_seconds(c) for c in calls[:4]] == [350, 525, 525, 350]
+    assert bench.call_seconds(calls[4]) == 650  # over a call cold: the plan says so
+    assert bench.call_seconds(calls[4], pairs=2) == 2 * (270 + 28)
+
+
+def test_a_method_whose_baseline_is_not_asked_for_is_planned_alone(bench):
+    assert bench.plan(["8b"], ["ddtree16", "ddtree64"]) == [[("8b", "ddtree16"), ("8b", "ddtree64")]]
+    assert bench.plan(["27b"], ["ddtree64", "ddtree32"]) == [[("27b", "ddtree64")], [("27b", "ddtree32")]]
+    assert bench.plan(["8b"], ["chain", "target"]) == [[("8b", "chain"), ("8b", "target")]]
 
 
 def test_a_case_may_take_its_cold_start_and_its_run_before_it_is_killed(bench):
@@ -72,6 +85,48 @@ def test_the_table_gives_each_row_its_ratio_to_the_chain(bench):
         "| 8b | 512 | 1 | ddtree16 | 9.00 | 1.200 |",
         "| 8b | 512 | 8 | ddtree16 | 20.00 | - |",
     ]
+
+
+def test_rows_of_two_runs_are_never_divided(bench):
+    a = {"shape": "27b", "batch": 1, "context": 512, "run": "gpu-a 2026-12-04T03:20:00Z"}
+    b = dict(a, run="gpu-b 2026-12-05T03:20:00Z")
+    rows = [dict(a, method="chain", ms_per_step=24.0), dict(b, method="ddtree64", ms_per_step=34.4)]
+    assert [r["vs_chain"] for r in bench.ratios(rows)] == [1.0, None]
+    assert bench.table(rows).splitlines()[-1] == (
+        "2 runs (gpu-a 2026-12-04T03:20:00Z, gpu-b 2026-12-05T03:20:00Z): ratios only within one run."
+    )
+    rows.append(dict(b, method="chain", ms_per_step=23.0))
+    assert [r["vs_chain"] for r in bench.ratios(rows)] == [1.0, 1.496, 1.0]
+
+
+def test_a_row_with_a_problem_is_marked_and_gets_no_ratio(bench):
+    problem = "drafted on 2 of 128 steps per request: not this method's step cost"
+    rows = [
+        {"shape": "8b", "method": "chain", "batch": 1, "context": 8192, "ms_per_step": 7.9},
+        {"shape": "8b", "method": "ddtree64", "batch": 1, "context": 8192, "ms_per_step": 15.5, "problem": problem},
+    ]
+    assert bench.table(rows).splitlines()[2:] == [
+        "| 8b | 8192 | 1 | chain | 7.90 | 1.000 |",
+        "| 8b | 8192 | 1 | ddtree64 | 15.50 (1) | - |",
+        "",
+        f"1. 8b ddtree64 batch 1 at 8192: {problem}",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "batch", "drafts", "accepted", "speculative", "expected"),
+    [
+        (128, 8, 0, 0, False, (128.0, "")),  # the target alone: one token a step
+        (128, 8, 8 * 128, 0, True, (128.0, "")),  # random weights: every step drafted, none accepted
+        (128, 1, 100, 28, True, (100.0, "")),  # 28 tokens accepted: 100 steps, each drafted
+        (128, 1, 2, 0, True, (128.0, "drafted on 2 of 128 steps per request: not this method's step cost")),
+        (128, 8, 0, 0, True, (128.0, "drafted on 0 of 128 steps per request: not this method's step cost")),
+    ],
+)
+def test_a_pass_counts_its_decode_steps_and_says_when_it_did_not_draft(
+    bench, tokens, batch, drafts, accepted, speculative, expected
+):
+    assert bench.decode_steps(tokens, batch, drafts, accepted, speculative) == expected
 
 
 def test_a_step_is_timed_from_the_last_first_token_to_the_last_token(bench):
