@@ -1,4 +1,5 @@
-"""Test double for the three vLLM 0.20.1 modules the DDTree runtime imports (logger, SamplerOutput, top-k/top-p).
+"""Test double for the three vLLM 0.20.1 modules the DDTree runtime imports (logger, SamplerOutput, top-k/top-p),
+and for the KV-cache specs the patched runner's start-up checks read (``runner_check_modules``).
 
 ``vllm/v1/spec_decode/ddtree.py`` (added by the change set) runs inside vLLM's GPU model runner. Its
 logic (positions, attention bias, tree walk, compaction) depends only on torch; these stand-ins let
@@ -93,3 +94,38 @@ def load_gdn_kernels(sources: dict[str, bytes], where: Path) -> dict[str, types.
         file.write_bytes(sources[path])
         out[short] = _load(f"_gdn_{where.name}_{short}", file)
     return out
+
+
+# vllm.v1.kv_cache_interface's specs and vllm's Attention layer, as far as the patched runner's
+# start-up checks (_get_ddtree_kv_caches, _get_ddtree_recurrent_groups) read them.
+class FullAttentionSpec:
+    def __init__(self, sliding_window=None):
+        self.sliding_window = sliding_window
+
+
+class SlidingWindowSpec:
+    sliding_window = 2048
+
+
+class MambaSpec:
+    pass
+
+
+class Attention:
+    def __init__(self, name: str):
+        self.kv_cache = [f"kv:{name}"]
+
+
+def runner_check_modules() -> dict[str, types.ModuleType]:
+    """The modules those checks import inside their bodies, by name (install them in sys.modules)."""
+    made = {name: types.ModuleType(name) for name in ("vllm", "vllm.v1")}
+    made["vllm.v1.kv_cache_interface"] = types.ModuleType("vllm.v1.kv_cache_interface")
+    made["vllm.v1.kv_cache_interface"].FullAttentionSpec = FullAttentionSpec
+    made["vllm.v1.kv_cache_interface"].MambaSpec = MambaSpec
+    abstract = made["vllm.model_executor.layers.mamba.abstract"] = types.ModuleType("abstract")
+    abstract.MambaBase = object
+    utils = made["vllm.model_executor.layers.mamba.mamba_utils"] = types.ModuleType("mamba_utils")
+    utils.is_conv_state_dim_first = lambda: False
+    made["vllm.v1.spec_decode.ddtree"] = types.ModuleType("ddtree")
+    made["vllm.v1.spec_decode.ddtree"].RecurrentGroup = types.SimpleNamespace
+    return made

@@ -6,11 +6,13 @@ The wheel is downloaded once into /var/cache/dflash-lab/wheels (outside the repo
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from ansible.module_utils import vllm_changeset as cs
 
@@ -47,3 +49,16 @@ def patched(paths: list[str]) -> dict[str, bytes]:
         out[path] = cs.apply_hunks(data.decode("utf-8"), change.hunks).encode("utf-8")
         assert cs.sha256_bytes(out[path]) == change.patched_sha256, path
     return out
+
+
+def method(source: str, cls: str, name: str, namespace: dict[str, Any]):
+    """One method of a class in a wheel file's source, compiled on its own: its module's imports
+    are replaced by ``namespace`` (what the method uses)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == name:
+                    scope = dict(namespace)
+                    exec(compile(ast.Module([item], []), f"{cls}.{name}", "exec"), scope)
+                    return scope[name]
+    raise AssertionError(f"{cls}.{name} is not in the wheel")

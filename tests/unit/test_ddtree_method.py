@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import logging
 import subprocess
@@ -106,20 +105,14 @@ def test_a_pure_attention_target_has_no_tree_state() -> None:
 
 
 def _wheel_method(source: str, cls: str, name: str):
-    """One method of a class in the real wheel's source, compiled on its own (its module's imports
-    replaced by what the method uses: CUDAGraphMode's NONE, a logger, vLLM's round_up)."""
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ClassDef) and node.name == cls:
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name == name:
-                    namespace = {
-                        "CUDAGraphMode": SimpleNamespace(NONE="NONE"),
-                        "logger": logging.getLogger("vllm-0.20.1"),
-                        "round_up": lambda x, y: ((x + y - 1) // y) * y,
-                    }
-                    exec(compile(ast.Module([item], []), f"{cls}.{name}", "exec"), namespace)
-                    return namespace[name]
-    raise AssertionError(f"{cls}.{name} is not in the wheel")
+    """One method of the real wheel's config code, with what it uses from its module: CUDAGraphMode's
+    NONE, a logger, vLLM's round_up."""
+    namespace = {
+        "CUDAGraphMode": SimpleNamespace(NONE="NONE"),
+        "logger": logging.getLogger("vllm-0.20.1"),
+        "round_up": lambda x, y: ((x + y - 1) // y) * y,
+    }
+    return release_files.method(source, cls, name, namespace)
 
 
 @pytest.fixture(scope="module")
