@@ -13,7 +13,9 @@ description:
     drafter model and its registry entry; tree attention for DDTree). vLLM is not imported, so this
     works where torch cannot load (no GPU, or vLLM installed with C(--no-deps)).
   - With O(verify_import), also imports those classes in the venv's Python (needs torch and a
-    working CUDA stack; use on GPU nodes).
+    working CUDA stack; use on GPU nodes). Run as root on a venv that another user owns (the
+    service account), the import runs as that user (setpriv, no supplementary groups), so nothing
+    that user can change in the venv runs as root.
   - Also reports what the files say about the release (torch pin, aux-layer fix, sliding layers).
 version_added: "1.0.0"
 extends_documentation_fragment:
@@ -120,9 +122,17 @@ imports:
   sample: {"vllm.v1.spec_decode.dflash.DFlashProposer": "ok"}
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.vllm_releases import METHODS
-from ansible.module_utils.vllm_venvs import import_check_code, parse_import_result, read_venv
+from ansible.module_utils.vllm_venvs import (
+    as_user,
+    import_check_code,
+    import_check_user,
+    parse_import_result,
+    read_venv,
+)
 
 ARGUMENT_SPEC = {
     "venv": {"type": "path", "required": True},
@@ -166,16 +176,13 @@ def run(module: AnsibleModule) -> None:
     if p["verify_import"]:
         if state.python is None:
             module.fail_json(msg=f"{p['venv']} has no bin/python to import vLLM with", **result)
-        rc, out, err = module.run_command(
-            [
-                "timeout",
-                str(p["import_timeout"]),
-                state.python,
-                "-c",
-                import_check_code(p["method"]),
-            ],
-            environ_update={"LC_ALL": "C", "PYTHONDONTWRITEBYTECODE": "1"},
-        )
+        owners = [(st.st_uid, st.st_gid) for st in map(os.stat, filter(None, [p["venv"], state.site_packages]))]
+        user = import_check_user(os.geteuid(), owners)
+        argv = ["timeout", str(p["import_timeout"]), state.python, "-c", import_check_code(p["method"])]
+        env = {"LC_ALL": "C", "PYTHONDONTWRITEBYTECODE": "1"}
+        if user is not None:  # the service account's HOME, not root's, for anything the import writes
+            env["HOME"] = p["venv"]
+        rc, out, err = module.run_command(as_user(argv, user), environ_update=env)
         try:
             imports = parse_import_result(out)
         except ValueError as exc:

@@ -167,6 +167,24 @@ def import_check_code(method: str) -> str:
     )
 
 
+def import_check_user(euid: int, owners: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """Whom the import check runs as: None (as we are) unless we are root and a directory of the
+    venv (its root, then site-packages) belongs to another user, whose (uid, gid) it is then. The
+    venv belongs to the service account: as root, its bin/python or a .pth file it planted in
+    site-packages would run as root."""
+    if euid != 0:
+        return None
+    return next(((uid, gid) for uid, gid in owners if uid != 0), None)
+
+
+def as_user(argv: list[str], user: tuple[int, int] | None) -> list[str]:
+    """``argv`` run as ``user`` (uid, gid) with no supplementary groups (util-linux setpriv), or as is."""
+    if user is None:
+        return argv
+    uid, gid = user
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv]
+
+
 def parse_import_result(stdout: str) -> dict[str, str]:
     """The JSON line ``import_check_code`` printed (last line of stdout), or raise ValueError."""
     lines = [line for line in stdout.strip().splitlines() if line.strip()]

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -18,9 +19,11 @@ from ansible.module_utils.testing import patch_module_args
 from ansible.module_utils.vllm_venvs import (
     MARKER,
     VenvEntry,
+    as_user,
     find_dist_info,
     find_site_packages,
     import_check_code,
+    import_check_user,
     list_venvs,
     parse_import_result,
     plan_prune,
@@ -294,6 +297,39 @@ def test_venv_info_on_the_real_0201_files_with_import(real_0201_venv: Path, caps
     assert failed is True
     assert result["msg"].startswith("vLLM is installed but these do not import: vllm.v1.spec_decode.dflash")
     assert "No module named 'torch'" in result["msg"]
+
+
+def test_the_import_check_runs_as_the_venvs_owner_when_root_runs_it() -> None:
+    """Issue 23: root ran <venv>/bin/python, which the service account owns (and its .pth files)."""
+    assert import_check_user(0, [(0, 0), (998, 997)]) == (998, 997)  # site-packages handed over
+    assert import_check_user(0, [(998, 997), (0, 0)]) == (998, 997)
+    assert import_check_user(0, [(0, 0), (0, 0)]) is None  # root's own venv
+    assert import_check_user(1000, [(998, 997)]) is None  # not root: nothing to drop
+    argv = ["timeout", "300", "/opt/vllm/0.20.1/bin/python", "-c", "pass"]
+    assert as_user(argv, None) == argv
+    assert as_user(argv, (998, 997)) == ["setpriv", "--reuid=998", "--regid=997", "--clear-groups", "--", *argv]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand a venv to another user")
+def test_a_venv_another_user_owns_is_imported_as_that_user(capsys) -> None:
+    # Not under tmp_path: pytest's root-only base directory would keep the other user out.
+    with tempfile.TemporaryDirectory() as top:
+        os.chmod(top, 0o755)
+        venv_as_nobody(Path(top) / "venv", capsys)
+
+
+def venv_as_nobody(venv: Path, capsys) -> None:
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    # Stands in for a python the service account replaced: it reports whom it runs as.
+    python.write_text('#!/bin/sh\nprintf \'{"uid": "%s", "groups": "%s"}\\n\' "$(id -u)" "$(id -G)"\n')
+    python.chmod(0o755)
+    os.chown(venv, 65534, 65534)
+    failed, result = run_module(
+        vllm_venv_info, {"venv": str(venv), "require": False, "verify_import": True, "import_timeout": 30}, capsys
+    )
+    assert failed is False, result.get("msg")
+    assert result["imports"] == {"uid": "65534", "groups": "65534"}
 
 
 # --- pruning --------------------------------------------------------------------------------------
