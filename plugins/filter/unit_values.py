@@ -33,6 +33,14 @@ def _describe(ch: str) -> str:
     return names.get(ch, f"the control character U+{ord(ch):04X}")
 
 
+# Echoed values are cut to this many characters: a message names the problem, not the whole value.
+MAX_SHOWN = 60
+
+
+def _shown(value: str) -> str:
+    return repr(value[:MAX_SHOWN]) + ("..." if len(value) > MAX_SHOWN else "")
+
+
 def _text_problem(where: str, value: Any, secret: bool = False, word: bool = False) -> str | None:
     if not isinstance(value, str):
         value = str(value)
@@ -44,7 +52,7 @@ def _text_problem(where: str, value: Any, secret: bool = False, word: bool = Fal
             " and let the rest inject directives; remove it."
         )
     if word and (not value or any(ch.isspace() for ch in value)):
-        return f"{where} must be one word without spaces (the unit joins such values with spaces); got {value!r}."
+        return f"{where} must be one word without spaces (the unit joins such values with spaces); got {_shown(value)}."
     return None
 
 
@@ -157,17 +165,17 @@ def syscall_filter_problems(lines: Any, error_number: Any) -> list[str]:
             m = _SYSCALL_WORD.match(word)
             if not m:
                 problems.append(
-                    f"{where} has {word[:60]!r}, which is neither a syscall name nor an @group (optionally"
+                    f"{where} has {_shown(word)}, which is neither a syscall name nor an @group (optionally"
                     " ':ERRNO' on a ~ line); see 'systemd-analyze syscall-filter'."
                 )
             elif m.group(1).startswith("@") and m.group(1) not in SYSCALL_GROUPS:
                 problems.append(
-                    f"{where} names the group {m.group(1)!r}, which systemd 252 does not have (it would ignore it);"
+                    f"{where} names the group {_shown(m.group(1))}, which systemd 252 does not have (it would ignore it);"
                     " the groups are " + " ".join(sorted(SYSCALL_GROUPS)) + "."
                 )
             elif m.group(2) and not deny:
                 problems.append(
-                    f"{where} gives {word!r} an errno, which only denied calls take (a line starting with ~)."
+                    f"{where} gives {_shown(word)} an errno, which only denied calls take (a line starting with ~)."
                 )
     if not isinstance(error_number, str) or not (error_number == "" or _ERRNO.match(error_number)):
         problems.append(

@@ -249,6 +249,14 @@ def test_the_repository_spec_marks_the_api_key_no_log() -> None:
     ]
 
 
+def test_extra_environment_is_never_echoed_it_often_carries_a_token() -> None:
+    roles = str(Path(__file__).resolve().parents[2] / "roles")
+    hv = {"ansible_host": "10.0.0.5", "service_swap_extra_env": _tagged("HF_TOKEN=hf_SECRETSECRET")}
+    assert inventory_problems(hv, "gpu1", roles) == [
+        "gpu1: service_swap_extra_env must be a dict, but the inventory gives str (a secret, not shown)."
+    ]
+
+
 def test_a_missing_roles_directory_fails_closed(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError, match=r"no roles/\*/meta/argument_specs.yml under .*: the inventory cannot be checked"

@@ -122,6 +122,33 @@ def test_the_unit_carries_the_syscall_filter_and_an_operator_can_widen_or_drop_i
     assert _seccomp_lines(dirs, "-e", none) == ["NoNewPrivileges=true", "SystemCallArchitectures=native"]
 
 
+def test_the_unit_runs_vllm_without_capabilities_or_kernel_access(dirs):
+    """The hardening lines around the filter, as the template writes them (issue 23); Molecule
+    checks systemd applies them, the GPU serve check that vLLM starts under the filter."""
+    render(dirs, "dense")
+    text = (dirs["tmp"] / "vllm.service").read_text()
+    service = text[text.index("[Service]") : text.index("[Install]")].splitlines()
+    for line in [
+        "User=vllm",
+        "NoNewPrivileges=true",
+        "ProtectSystem=strict",
+        "ProtectHome=true",
+        "PrivateTmp=true",
+        "ProtectKernelTunables=true",
+        "ProtectKernelModules=true",
+        "ProtectControlGroups=true",
+        "RestrictSUIDSGID=true",
+        "LockPersonality=true",
+        "CapabilityBoundingSet=",
+        "AmbientCapabilities=",
+        "ProtectKernelLogs=true",
+        "RestrictRealtime=true",
+        "RestrictNamespaces=true",
+        "SystemCallArchitectures=native",
+    ]:
+        assert line in service, line
+
+
 def test_dense_target_ddtree_with_budget_and_extra_args(dirs):
     t = dirs["dense"]
     lines = render(

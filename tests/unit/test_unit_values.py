@@ -168,3 +168,19 @@ def test_a_bad_syscall_filter_is_named_with_what_to_do(lines, error_number, mess
     problems = syscall_filter_problems(lines, error_number)
     assert len(problems) == 1
     assert problems[0].startswith(message)
+
+
+def test_echoed_values_are_cut_to_a_readable_length():
+    """Issue 23: a value is shown to name the problem, never whole (it may carry a token)."""
+    from unit_values import syscall_filter_problems
+
+    [problem] = unit_value_problems({}, words={"service_swap_read_write_paths": ["/srv/a b" + "x" * 5000]})
+    assert problem.endswith("got '/srv/a b" + "x" * 52 + "'....")
+    [group] = syscall_filter_problems(["@" + "g" * 5000], "EPERM")
+    assert group.startswith("service_swap_system_call_filter[0] names the group '@" + "g" * 59 + "'..., which")
+    [errno] = syscall_filter_problems(["r" * 5000 + ":EPERM"], "EPERM")
+    assert (
+        errno == "service_swap_system_call_filter[0] gives '" + "r" * 60 + "'... an errno, which only denied calls"
+        " take (a line starting with ~)."
+    )
+    assert max(len(p) for p in (problem, errno)) < 200
