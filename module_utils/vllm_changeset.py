@@ -587,7 +587,8 @@ def plan(changeset: ChangeSet, site_packages: str, state: str) -> Plan:
 def _atomic_write(target: Path, data: bytes, mode: int) -> None:
     """Replace ``target`` in one rename, keeping its owner (a new file takes its directory's owner)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    ref = os.lstat(target if os.path.lexists(target) else target.parent)
+    # The directory itself (stat follows /proc/self/fd/N to it), or the file's own entry.
+    ref = os.lstat(target) if os.path.lexists(target) else os.stat(target.parent)
     owner = None
     if os.geteuid() == 0 and (ref.st_uid, ref.st_gid) != (os.getuid(), os.getgid()):
         owner = (ref.st_uid, ref.st_gid)
@@ -596,9 +597,39 @@ def _atomic_write(target: Path, data: bytes, mode: int) -> None:
 
 def _drop_bytecode(target: Path) -> None:
     cache = target.parent / "__pycache__"
-    if cache.is_dir():
+    if cache.is_dir() and not cache.is_symlink():
         for pyc in cache.glob(f"{target.stem}.*.pyc"):
             pyc.unlink(missing_ok=True)
+
+
+def _held_directory(site: Path, relative: str, held: list[int]) -> Path:
+    """The directory of site/relative as a path through a descriptor held open (``/proc/self/fd/N``),
+    reached from site-packages without following a symlink and created where missing.
+
+    site-packages belongs to the service account: a directory below it swapped for a symlink would
+    otherwise take the files root writes to wherever the link points."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    fd = os.open(site, flags)
+    held.append(fd)
+    walked = site
+    for part in Path(relative).parent.parts:
+        walked = walked / part
+        try:
+            os.mkdir(part, 0o755, dir_fd=fd)
+            st = os.fstat(fd)
+            if os.geteuid() == 0:  # a new directory takes its parent's owner, as a new file does
+                os.chown(part, st.st_uid, st.st_gid, dir_fd=fd, follow_symlinks=False)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
+        except OSError as exc:
+            raise UnsafeFileError(
+                f"{walked} is a symlink or not a directory ({exc.strerror}); vLLM's own directories are never"
+                " links: reinstall vLLM (vllm_install) and run again"
+            ) from None
+        held.append(fd)
+    return Path(f"/proc/self/fd/{fd}")
 
 
 def execute(plan_: Plan, *, write: Callable[[Path, bytes, int], None] = _atomic_write) -> list[str]:
@@ -606,12 +637,14 @@ def execute(plan_: Plan, *, write: Callable[[Path, bytes, int], None] = _atomic_
     site = Path(plan_.site_packages)
     done: list[tuple[Path, bytes | None, int]] = []
     changed: list[str] = []
-    target = site
+    held: list[int] = []
+    target = shown = site
     try:
         for action in plan_.actions:
             if not action.changes:
                 continue
-            target = site / action.path
+            shown = site / action.path
+            target = _held_directory(site, action.path, held) / Path(action.path).name
             mode = target.stat().st_mode & 0o7777 if action.before is not None else 0o644
             # Recorded once changed: a write that failed left its file as it was (all or nothing),
             # so restoring it is not needed and must not be reported as failing.
@@ -637,13 +670,16 @@ def execute(plan_: Plan, *, write: Callable[[Path, bytes, int], None] = _atomic_
                 f"Writing failed ({exc}) and restoring failed too for: {'; '.join(failures)}. Reinstall vLLM."
             ) from exc
         if isinstance(exc, OSError):
-            problem, remedy = write_problem(exc, str(target))
+            problem, remedy = write_problem(exc, str(shown))
             raise ChangeSetError(
-                f"Writing {target} failed ({problem}), every file was put back as it was: {remedy}"
+                f"Writing {shown} failed ({problem}), every file was put back as it was: {remedy}"
             ) from exc
         if isinstance(exc, UnsafeFileError):
             raise ChangeSetError(f"Writing failed, every file was put back as it was: {exc}") from exc
         raise
+    finally:
+        for fd in held:
+            os.close(fd)
     return changed
 
 

@@ -895,6 +895,27 @@ def test_a_site_packages_write_never_follows_a_planted_temp(venv, tmp_path, monk
     assert all(f & os.O_EXCL and f & os.O_NOFOLLOW for f in flags_seen)
 
 
+def test_a_vllm_directory_swapped_for_a_symlink_takes_no_file_out_of_site_packages(venv, tmp_path):
+    """Issue 23: site-packages belongs to the service account, which could swap vllm/v1/spec_decode for
+    a link to any directory; root then wrote the added ddtree*.py files there, as their owner."""
+    site = site_of(venv)
+    elsewhere = tmp_path / "elsewhere"
+    (site / "vllm/v1/spec_decode").rename(elsewhere)
+    (site / "vllm/v1/spec_decode").symlink_to(elsewhere)
+    before = {name: digest for name, (digest, _mtime) in snapshot(site).items()}
+    outside = sorted(p.name for p in elsewhere.iterdir())
+    the_plan = cs.plan(changeset(), str(site), cs.PRESENT)
+    with pytest.raises(cs.ChangeSetError) as refused:
+        cs.execute(the_plan)
+    assert str(refused.value) == (
+        f"Writing failed, every file was put back as it was: {site}/vllm/v1/spec_decode is a symlink or not a"
+        " directory (Not a directory); vLLM's own directories are never links: reinstall vLLM"
+        " (vllm_install) and run again"
+    )
+    assert sorted(p.name for p in elsewhere.iterdir()) == outside
+    assert {name: digest for name, (digest, _mtime) in snapshot(site).items()} == before
+
+
 def test_deeply_nested_or_huge_manifests_are_refused_naming_the_file(tmp_path):
     root = tmp_path / "files"
     (root / "vllm-0.20.1").mkdir(parents=True)
