@@ -129,7 +129,6 @@ metrics_available:
 """
 
 import contextlib
-import json
 import threading
 import time
 
@@ -146,7 +145,7 @@ from ansible.module_utils.openai_bench import (
     validate_prompts,
     validate_sweep,
 )
-from ansible.module_utils.openai_http import Answer, HttpError, build_opener, send, settings_problem
+from ansible.module_utils.openai_http import Answer, HttpError, build_opener, loads_answer, send, settings_problem
 from ansible.module_utils.openai_probe import (
     MetricsParseError,
     SpecCounters,
@@ -288,7 +287,7 @@ def run(module: AnsibleModule) -> dict:
         module.fail_json(msg=f"the server at {base} is not healthy: {e}", **result)
     result["healthy"] = True
     try:
-        model = p["model"] or json.loads(client.get("/v1/models"))["data"][0]["id"]
+        model = p["model"] or loads_answer(client.get("/v1/models"), f"GET {base}/v1/models")["data"][0]["id"]
         levels = validate_sweep(p["concurrency"])
         body = {
             "model": model,

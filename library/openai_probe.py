@@ -141,11 +141,10 @@ draft_acceptance_rate:
 """
 
 import contextlib
-import json
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.openai_http import HttpError, build_opener, send, settings_problem
+from ansible.module_utils.openai_http import HttpError, build_opener, loads_answer, send, settings_problem
 from ansible.module_utils.openai_probe import (
     MetricsParseError,
     SpecCounters,
@@ -242,7 +241,7 @@ def run(module: AnsibleModule) -> dict:
             code, text = http(module, "GET", f"{base}/v1/models")
             if code != 200:
                 raise HttpError(f"GET {base}/v1/models answered HTTP {code}: {text[:200]}")
-            model = json.loads(text)["data"][0]["id"]
+            model = loads_answer(text, f"GET {base}/v1/models")["data"][0]["id"]
         result["model"] = model
         before = read_counters(module, base, model)
         texts: list[str] = []
@@ -253,7 +252,7 @@ def run(module: AnsibleModule) -> dict:
             code, text = http(module, "POST", f"{base}/v1/completions", body)
             if code != 200:
                 raise HttpError(f"POST {base}/v1/completions answered HTTP {code}: {text[:200]}")
-            answer = json.loads(text)
+            answer = loads_answer(text, f"POST {base}/v1/completions")
             texts.append(str(answer["choices"][0].get("text") or ""))
             tokens += int((answer.get("usage") or {}).get("completion_tokens") or 0)
         elapsed = time.monotonic() - started

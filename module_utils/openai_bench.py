@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from ansible.module_utils.openai_probe import SpecCounters, draft_acceptance_rate, mean_acceptance_length
+from ansible.module_utils.safe_io import lone_surrogate
 
 DONE = "[DONE]"
 # Biggest sweep accepted: beyond this a "small concurrency sweep" is a load test.
@@ -87,6 +88,9 @@ def parse_sse_line(line: str) -> dict | str | None:
         payload = json.loads(data)
     except (ValueError, RecursionError):  # ValueError: also an integer past Python's digit limit
         raise BenchError(f"stream chunk is not JSON: {data[:120]!r}") from None
+    escape = lone_surrogate(payload, data)
+    if escape is not None:  # the result (and this message) must stay UTF-8: the chunk is never echoed
+        raise BenchError(f"stream chunk holds a lone surrogate ({escape} escape), which no UTF-8 text can hold")
     if not isinstance(payload, dict):
         raise BenchError(f"stream chunk is not a JSON object: {data[:120]!r}")
     if "error" in payload:

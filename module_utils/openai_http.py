@@ -24,6 +24,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from ansible.module_utils.safe_io import lone_surrogate
+
 # /metrics of a busy vLLM is a few hundred KiB; a completion answer a few KiB.
 MAX_BODY_BYTES = 32 * 1024 * 1024
 # One server-sent event line carries one chunk of a few tokens.
@@ -61,6 +63,22 @@ def settings_problem(url: str, api_key: str | None, timeout: float) -> str | Non
     if not 1 <= timeout <= MAX_TIMEOUT_S:
         return f"timeout must be from 1 to {MAX_TIMEOUT_S} seconds, not {timeout}"
     return None
+
+
+def loads_answer(text: str, what: str) -> Any:
+    """The JSON value of the body ``text`` of the answer to ``what`` ("GET http://.../v1/models").
+
+    ``json.loads``, and a ValueError (what the modules report as an answer the OpenAI API does not
+    give) for a string holding a lone surrogate: ``"\\ud800"`` is valid JSON, but the str it parses
+    into cannot be encoded as UTF-8, and the controller refuses a module result that carries one.
+    """
+    value = json.loads(text)
+    escape = lone_surrogate(value, text)
+    if escape is not None:
+        raise ValueError(
+            f"{what}: a string in the answer holds a lone surrogate ({escape} escape), which no UTF-8 text can hold"
+        )
+    return value
 
 
 class HttpError(Exception):

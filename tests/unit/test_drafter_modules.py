@@ -11,6 +11,7 @@ import pytest
 import realfs
 import safetensors_info
 from ansible.module_utils.testing import patch_module_args
+from module_results import all_text_is_utf8
 from safetensors_files import dflash_shapes, fake, write_real, write_sharded
 
 targets = fake("target_configs")
@@ -396,3 +397,35 @@ def test_a_read_only_filesystem_is_named_with_its_remedy_and_changes_nothing(lab
         assert listing(drafter) == ["config.json", "model.safetensors"]
     out = run(dflash_config, {**args(drafter, target), "backup": backup}, capsys)
     assert out["changed"] is True, out
+
+
+# ------------------------------------------------------------------ lone surrogates in the target's config (issue 23)
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+@pytest.mark.parametrize(
+    ("field", "value", "escape"),
+    [
+        ("model_type", '"\\ud800"', "\\ud800"),
+        ("hidden_act", '"silu\\udfff"', "\\udfff"),
+        ("rope_scaling", '{"rope_type": "yarn", "factor": 2.0, "\\udc00": 1}', "\\udc00"),
+    ],
+)
+def test_a_lone_surrogate_in_the_target_config_is_refused_naming_the_file(
+    lab, capsys, check_mode, field, value, escape
+):
+    """A \\ud800 escape is valid JSON but parses into a str UTF-8 cannot encode: writing the drafter config
+    raised UnicodeEncodeError out of the module, and --check returned a result the controller refuses (issue 23)."""
+    drafter, target = lab
+    config = target / "config.json"
+    settings = json.loads(config.read_text())
+    settings.pop(field, None)
+    config.write_text(json.dumps(settings)[:-1] + f', "{field}": {value}}}')
+    out = run(dflash_config, {**args(drafter, target), "_ansible_check_mode": check_mode}, capsys)
+    assert out["failed"] is True, out
+    assert out["msg"] == (
+        f"target config {config} holds a lone surrogate ({escape} escape), which no UTF-8 text can hold;"
+        " it is not such a file"
+    )
+    assert all_text_is_utf8(out)
+    assert listing(drafter) == ["model.safetensors"]

@@ -17,6 +17,7 @@ import openai_probe
 import pytest
 from ansible.module_utils.openai_http import HttpError, build_opener, send
 from ansible.module_utils.testing import patch_module_args
+from module_results import all_text_is_utf8
 
 KEY = "sk-hostile-5e1d"
 MODELS = json.dumps({"data": [{"id": "m"}]}).encode()
@@ -289,3 +290,59 @@ def test_numbers_past_any_count_in_a_completion_or_metrics_are_an_error(hostile,
     result = probe({"url": server.url, "requests": 1, "timeout": 5}, capsys)
     assert result["error"].startswith(error), result
     assert "mean_acceptance_length" not in result
+
+
+SURROGATE = "lone surrogate (\\ud800 escape), which no UTF-8 text can hold"
+
+
+def utf8_result(out: dict) -> bool:
+    """What the controller checks: the result encodes as UTF-8 (a lone surrogate does not)."""
+    json.dumps(out, ensure_ascii=False).encode("utf-8")
+    return all_text_is_utf8(out)
+
+
+def test_a_lone_surrogate_in_the_model_id_is_an_error_and_the_result_stays_utf8(hostile, capsys):
+    """/v1/models answering "m\\ud800" (valid JSON, a str no UTF-8 can carry) made both modules return that model
+    id, and the controller refused their result (issue 23)."""
+    server = hostile()
+    healthy(server)
+    server.behaviour["/v1/models"] = fixed(b'{"data": [{"id": "m\\ud800"}]}')
+    server.behaviour["/v1/completions"] = fixed(b'{"choices": [{"text": "x"}], "usage": {"completion_tokens": 1}}')
+    result = probe({"url": server.url, "requests": 1, "timeout": 5}, capsys)
+    assert result["error"] == (
+        f"the server's answer is not what the OpenAI API returns: ValueError: GET {server.url}/v1/models: a string in"
+        f" the answer holds a {SURROGATE}"
+    )
+    assert "model" not in result
+    assert utf8_result(result)
+    out = bench({"url": server.url, "prompts": ["p"], "concurrency": [1], "warmup": 0, "timeout": 5}, capsys)
+    assert out["failed"] is True
+    assert out["msg"] == (
+        f"the server at {server.url} did not answer as the OpenAI API does: ValueError: GET {server.url}/v1/models: a"
+        f" string in the answer holds a {SURROGATE}"
+    )
+    assert "model" not in out
+    assert utf8_result(out)
+
+
+def test_a_lone_surrogate_in_a_completion_or_a_stream_chunk_is_an_error_too(hostile, capsys):
+    """The probe returns the completion's text; the bench echoed a chunk's "error" in its message."""
+    server = hostile()
+    healthy(server)
+    server.behaviour["/v1/completions"] = fixed(
+        b'{"choices": [{"text": " Rome\\ud800"}], "usage": {"completion_tokens": 1}}'
+    )
+    result = probe({"url": server.url, "requests": 1, "timeout": 5}, capsys)
+    assert result["error"] == (
+        f"the server's answer is not what the OpenAI API returns: ValueError: POST {server.url}/v1/completions: a"
+        f" string in the answer holds a {SURROGATE}"
+    )
+    assert "completion_text" not in result
+    assert utf8_result(result)
+    server.behaviour["/v1/completions"] = fixed(CHUNK + b'data: {"error": "overloaded \\ud800"}\n\n' + DONE)
+    out = bench({"url": server.url, "prompts": ["p"], "concurrency": [1], "warmup": 0, "timeout": 5}, capsys)
+    assert out["failed"] is True
+    assert out["msg"] == (
+        f"benchmark of {server.url} failed: request 1 at concurrency 1: stream chunk holds a {SURROGATE}"
+    )
+    assert utf8_result(out)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
+import random
 import subprocess
+import time
 
 import pytest
 import realfs
@@ -187,3 +190,98 @@ def test_loads_json_names_the_file_for_deep_nesting_nan_and_bad_bytes(tmp_path):
         loads_json(b'"\xff"', "x.json")
     (tmp_path / "c.json").write_text('{"a": 1}')
     assert read_json(str(tmp_path / "c.json")) == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    ("text", "depth"),
+    [
+        ('["\\\\", ["]"]]', 2),  # an escaped backslash ends right before the closing quote
+        ('["\\\\\\"[", [[]]]', 3),  # backslash, quote, bracket: all inside the string
+        ('{"k\\"{": {"v": "}\\\\"}}', 2),
+        ('{"a": "\\u005b\\"", "b": [{}]}', 3),
+        ("[[]][[[]]]", 3),
+        ("]]][[", 0),
+        ('[["abc\\" [[[[', 2),  # an unterminated string ends the count
+        ('"\\', 0),
+    ],
+)
+def test_json_depth_counts_brackets_outside_strings_only(text, depth):
+    assert json_depth(text) == depth
+
+
+def _depth_by_the_old_regex(text):
+    """What json_depth answered before the linear scan (quadratic on unterminated strings: valid JSON only)."""
+    import re
+
+    deepest = depth = 0
+    for ch in re.findall(r"[\[\]{}]", re.sub(r'"[^"\\]*(?:\\.[^"\\]*)*"', "", text, flags=re.DOTALL)):
+        depth += 1 if ch in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def test_json_depth_agrees_with_the_parser_and_the_old_regex_on_valid_json():
+    """Seeded random JSON whose strings and keys are made of quotes, backslashes and brackets."""
+    rng = random.Random(23)
+    letters = ['"', "\\", "[", "]", "{", "}", "a", "\u00e9", "\U0001f600", "\n"]
+
+    def value(level):
+        roll = rng.random()
+        if level > 6 or roll < 0.3:
+            return "".join(rng.choice(letters) for _ in range(rng.randint(0, 6)))
+        if roll < 0.6:
+            return [value(level + 1) for _ in range(rng.randint(0, 3))]
+        return {value(7): value(level + 1) for _ in range(rng.randint(0, 3))}
+
+    def nesting(v):
+        if isinstance(v, (list, dict)):
+            return 1 + max(map(nesting, v.values() if isinstance(v, dict) else v), default=0)
+        return 0
+
+    for _ in range(2000):
+        v = value(0)
+        for text in (json.dumps(v), json.dumps(v, ensure_ascii=False, indent=1)):
+            assert json_depth(text) == _depth_by_the_old_regex(text) == nesting(v), text
+
+
+@pytest.mark.parametrize("size", [256 * 1024, 1024 * 1024, 16 * 1024 * 1024])
+def test_an_unterminated_string_of_escaped_quotes_is_read_in_linear_time(size, deadline):
+    """'"' followed by '\\"' repeated made the old regex backtrack quadratically: 32 KiB took 3 s, 128 KiB 60 s,
+    so 256 KiB about 4 minutes and 16 MiB (the size read_json allows) days; every bounded JSON reader
+    checks the depth first (issue 23). Linear now: 16 MiB in a fraction of a second."""
+    text = '"' + '\\"' * (size // 2)
+    started = time.monotonic()
+    with deadline(30):
+        assert json_depth(text) == 0
+        with pytest.raises(UnsafeFileError, match=r"^x.json is not valid JSON \(Unterminated string starting at"):
+            loads_json(text, "x.json")
+    assert time.monotonic() - started < 2
+
+
+@pytest.mark.parametrize(
+    ("text", "escape"),
+    [
+        ('"\\ud800"', "\\ud800"),
+        ('{"model_type": "qwen3\\udfff"}', "\\udfff"),
+        ('{"\\udc00": 1}', "\\udc00"),
+        ('{"a": [1, {"b": ["x", "\\uDBFF!"]}]}', "\\udbff"),
+        ('["\\ude00\\ud83d"]', "\\ude00"),  # a low surrogate before a high one is no pair
+        ('"\\ud800"'.replace("\\ud800", "\ud800"), "\\ud800"),  # one already in the text
+    ],
+)
+def test_loads_json_refuses_a_lone_surrogate_in_any_string(text, escape):
+    """A \\ud800 escape is valid JSON, but the str it parses into cannot be encoded as UTF-8: written into a file or
+    returned in a result (the controller refuses such a result) it failed far from the file (issue 23)."""
+    message = f"x.json holds a lone surrogate ({escape} escape), which no UTF-8 text can hold; it is not such a file"
+    with pytest.raises(UnsafeFileError) as caught:
+        loads_json(text, "x.json")
+    assert str(caught.value) == message
+
+
+def test_loads_json_and_read_json_keep_valid_text_and_paired_surrogates(tmp_path):
+    assert loads_json('{"\\u00e9t\\u00e9": ["\\ud83d\\ude00", "\u00e9", "\\\\ud800"]}', "x.json") == {
+        "\u00e9t\u00e9": ["\U0001f600", "\u00e9", "\\ud800"]
+    }
+    (tmp_path / "c.json").write_text('{"a": "\\ud800"}')
+    with pytest.raises(UnsafeFileError, match=r"^c.json holds a lone surrogate \(\\ud800 escape\)"):
+        read_json(str(tmp_path / "c.json"), what="c.json")
