@@ -157,7 +157,7 @@ def unchanged_on_node(listing: str, sources: list[dict[str, Any]], args: dict[st
         name, size, mtime, user, group, mode, kind = parts
         try:
             entries[name] = (int(size), int(float(mtime)), user, group, int(mode, 8), kind)
-        except ValueError:
+        except (ValueError, OverflowError):  # 1e400 is a float too large for any int
             return None
     want_mode, want_dir = int(str(args.get("mode") or "0640"), 8), int(str(args.get("dir_mode") or "0750"), 8)
     owner = (str(args["owner"]), str(args["group"]))

@@ -92,6 +92,8 @@ def test_quick_check_sees_an_unchanged_node(action):
         (LISTING.split("--model-stage-sidecar--")[0], SOURCES, ARGS),  # no sidecar
         (LISTING.replace(DIGEST, "nope"), [{**SOURCES[0], "sha256": DIGEST}], ARGS),
         ("", SOURCES, ARGS),
+        (LISTING.replace("|1796026301.155", "|1e400"), SOURCES, ARGS),  # an mtime no int holds
+        (LISTING.replace("|1796026301.155", "|nan"), SOURCES, ARGS),
     ],
 )
 def test_quick_check_leaves_everything_else_to_the_node(action, listing, sources, args):
