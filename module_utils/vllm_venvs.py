@@ -15,7 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from ansible.module_utils.safe_io import UnsafeFileError, read_json, read_regular
+from ansible.module_utils.safe_io import UnsafeFileError, loads_json, read_json, read_regular
 from ansible.module_utils.vllm_releases import (
     Detected,
     detect_features,
@@ -190,7 +190,8 @@ def parse_import_result(stdout: str) -> dict[str, str]:
     lines = [line for line in stdout.strip().splitlines() if line.strip()]
     if not lines:
         raise ValueError("the import check printed nothing")
-    data = json.loads(lines[-1])
+    # Printed by the venv's Python, which the service account owns: bounded and checked like a file.
+    data = loads_json(lines[-1][: 1024 * 1024], "the import check's output")
     if not isinstance(data, dict):
         raise ValueError("the import check printed something other than a JSON object")
     return {str(k): str(v) for k, v in data.items()}

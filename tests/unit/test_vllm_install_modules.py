@@ -260,6 +260,11 @@ def test_parse_import_result_rejects_garbage() -> None:
         parse_import_result("  \n")
     with pytest.raises(ValueError, match="other than a JSON object"):
         parse_import_result("[1]\n")
+    # Printed by a Python the service account owns: read like a hostile file (issue 23).
+    with pytest.raises(ValueError, match=r"^the import check's output holds a lone surrogate \(\\ud800 escape\)"):
+        parse_import_result('{"a\\ud800": "ok"}\n')
+    with pytest.raises(ValueError, match=r"^the import check's output is nested 100000 levels deep"):
+        parse_import_result("[" * 100000 + "]" * 100000 + "\n")
 
 
 @pytest.fixture
