@@ -306,6 +306,24 @@ def cuda_init_result(code: int | None, uvm_present: bool) -> dict[str, Any]:
     return {"status": "failed", "code": code, "name": name, "ok": False, "message": message}
 
 
+def cuda_smoke_test_failure(rc: int | None, err: str, timeout: int, libcuda: str) -> str:
+    """The warning for a CUDA smoke test that gave no cuInit result: a timeout named as one.
+
+    ``rc`` is what the probe run under coreutils ``timeout --kill-after=5`` exited with: 124 when the
+    timeout ended it, 137 or -9 when it ignored SIGTERM and was killed 5 s later.
+    """
+    if rc in (124, 137, -9):
+        killed = " and ignored SIGTERM (killed 5 s later)" if rc in (137, -9) else ""
+        return (
+            f"CUDA smoke test timed out after {timeout} s{killed}: cuInit(0) through {libcuda} did not return. "
+            "A hung GPU or driver does this (look at the host's kernel log, dmesg, for Xid errors, and run "
+            "nvidia-smi on the host; a GPU reset or a host reboot may be needed), and so does a libcuda that "
+            "is not the CUDA driver library (check the libcuda option). Raise timeout only for a node known "
+            "to take that long to initialise CUDA."
+        )
+    return f"CUDA smoke test did not finish cleanly (exit {rc}): {err.strip()[:300]}"
+
+
 # --------------------------------------------------------------------------- device nodes
 
 

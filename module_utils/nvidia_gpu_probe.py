@@ -23,6 +23,7 @@ from ansible.module_utils.nvidia_gpu import (
     check_driver_versions,
     classify_nvidia_smi_failure,
     cuda_init_result,
+    cuda_smoke_test_failure,
     evaluate_thresholds,
     expected_device_nodes,
     merge_app_holders,
@@ -151,7 +152,7 @@ def cuda_smoke_test(runner: Runner, timeout: int, libcuda: str) -> int | None:
     if rc == 0 and text.lstrip("-").isdigit():
         return int(text)
     # the probe crashed or hung inside libcuda: report it as CUDA's unknown error
-    runner.warn(f"CUDA smoke test did not finish cleanly (exit {rc}): {err.strip()[:300]}")
+    runner.warn(cuda_smoke_test_failure(rc, err, timeout, libcuda))
     return 999
 
 

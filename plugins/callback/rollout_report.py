@@ -71,7 +71,10 @@ def _get(report: dict[str, Any], role: str, key: str) -> Any:
 
 def failure_message(result: dict[str, Any]) -> str:
     """The operator's sentence of a failed task; for a loop, the failed items' messages."""
-    items = [r.get("msg") for r in result.get("results") or [] if isinstance(r, dict) and r.get("failed")]
+    results = result.get("results")
+    items = (
+        [r.get("msg") for r in results if isinstance(r, dict) and r.get("failed")] if isinstance(results, list) else []
+    )
     if items:
         return "\n".join(str(m) for m in items if m)
     return str(result.get("msg") or "")

@@ -264,6 +264,22 @@ def test_cuda_probe_that_cannot_init_is_a_problem(node, capsys):
     ]
 
 
+def test_a_hung_cuda_smoke_test_is_reported_as_a_timeout(node, capsys, tmp_path, deadline, monkeypatch):
+    """Issue 23: a smoke test that hangs (here opening a FIFO as libcuda) ends at the module's timeout,
+    and the warning says it timed out after that many seconds, not "exit 124"."""
+    os.mkfifo(tmp_path / "libcuda-fifo")
+    # The warnings as the module gives them to Ansible (in a process that has loaded ansible-core's
+    # controller side, as the whole unit suite has, they go to its display, not into the result).
+    warnings: list[str] = []
+    real_warn = nvidia_gpu_facts.ModuleRunner.warn
+    monkeypatch.setattr(nvidia_gpu_facts.ModuleRunner, "warn", lambda self, m: (warnings.append(m), real_warn(self, m)))
+    with deadline(20):
+        result = run(nvidia_gpu_facts, node.args(libcuda=str(tmp_path / "libcuda-fifo"), timeout=1), capsys)
+    assert result["cuda_init"]["status"] == "failed"
+    assert any(w.startswith("CUDA smoke test timed out after 1 s: cuInit(0) through ") for w in warnings), warnings
+    assert not any("exit 124" in w for w in warnings)
+
+
 @pytest.mark.parametrize(
     ("thresholds", "message"),
     [

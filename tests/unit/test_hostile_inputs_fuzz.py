@@ -1,18 +1,23 @@
 """Seeded, time-bounded fuzzing of what the project reads back and validates (issue 23).
 
 Each target gets mutated inputs (bytes flipped, cut, repeated, nested, numbers blown up, control
-characters inserted) for at most BUDGET_S seconds; only the documented exception type may come
-out, never a traceback of another kind. FUZZ_SEED picks another seed, FUZZ_BUDGET_S another
-budget (docs/development.md, "Hostile inputs").
+characters, ``\\"`` escapes and lone surrogate escapes inserted) for at most BUDGET_S seconds; only
+the documented exception type may come out, never a traceback of another kind, and no one call may
+take longer than CALL_DEADLINE_S (a quadratic parser fails the test, naming the input). FUZZ_SEED
+picks another seed, FUZZ_BUDGET_S another budget, FUZZ_CALL_S another per-call deadline
+(docs/development.md, "Hostile inputs").
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import random
+import signal
 import time
+from pathlib import Path
 
 import pytest
 from ansible.module_utils.dflash_drafter import DFlashConfigError, find_mask_token_id, read_target
@@ -38,11 +43,16 @@ from ansible.module_utils.openai_probe import (
 from ansible.module_utils.safe_io import UnsafeFileError, loads_json
 from ansible.module_utils.safetensors_header import SafetensorsError, inspect_path, parse_header_bytes
 from ansible.module_utils.vllm_changeset import ChangeSetError, parse_changeset
+from ansible.module_utils.vllm_venvs import MARKER, list_venvs, read_venv
 from inventory_checks import type_problem
+from module_results import all_text_is_utf8
+from rollout_report import failure_message, summary_rows, summary_table, tune_rows, tune_table
 from unit_values import unit_value_problems
 
 SEED = int(os.environ.get("FUZZ_SEED", "23"))
 BUDGET_S = float(os.environ.get("FUZZ_BUDGET_S", "1.0"))
+# No reader may take longer than this on one input (the largest mutated inputs are about 1 MiB).
+CALL_DEADLINE_S = float(os.environ.get("FUZZ_CALL_S", "2.0"))
 
 PIECES = [
     b"[",
@@ -59,13 +69,17 @@ PIECES = [
     b"\x00",
     b"\xff",
     b":",
+    b'\\"',  # an escaped quote inside a string
+    b'"\\ud800"',  # a whole string holding a lone surrogate
+    b'"a\\udfffb"',
+    b'{"\\ud800": 1}',
 ]
 
 
 def mutate(rng: random.Random, data: bytes) -> bytes:
     out = bytearray(data)
     for _ in range(rng.randint(1, 4)):
-        op = rng.randrange(5)
+        op = rng.randrange(7)
         at = rng.randint(0, len(out))
         if op == 0 and out:
             out[rng.randrange(len(out))] = rng.randrange(256)
@@ -75,20 +89,59 @@ def mutate(rng: random.Random, data: bytes) -> bytes:
             del out[at : at + rng.randint(1, 16)]
         elif op == 3:
             out = out[:at]
-        else:
+        elif op == 4:
             out[at:at] = b"[" * 3000 + b"]" * 3000
+        elif op == 5:
+            # deep nesting of objects too, closed or left open
+            out[at:at] = b'{"a":' * 3000 + (b"1" + b"}" * 3000 if rng.random() < 0.5 else b"")
+        else:
+            # a string opened and then many escaped quotes: what a backtracking string regex chokes on
+            out[at:at] = b'"' + b'\\"' * rng.choice((200, 20000)) + rng.choice((b"", b'"'))
     return bytes(out)
 
 
+class Overran(BaseException):
+    """One call ran past twice CALL_DEADLINE_S (SIGALRM): the loop stops it there and fails."""
+
+
+def described(data: bytes) -> str:
+    """An input for a failure message: its length and its start (the seed reproduces the rest)."""
+    return f"{len(data)} bytes starting {data[:120]!r} (FUZZ_SEED={SEED})"
+
+
 def fuzz(seed_input: bytes, check, allowed: tuple[type[BaseException], ...]) -> int:
+    """Mutations of ``seed_input`` through ``check`` for BUDGET_S seconds, each within CALL_DEADLINE_S."""
     rng = random.Random(SEED)
     deadline = time.monotonic() + BUDGET_S
     runs = 0
-    while time.monotonic() < deadline:
-        data = mutate(rng, seed_input)
-        with contextlib.suppress(*allowed):
-            check(data)
-        runs += 1
+
+    def overran(_signum: int, _frame: object) -> None:
+        raise Overran
+
+    previous = signal.signal(signal.SIGALRM, overran)
+    try:
+        while time.monotonic() < deadline or runs == 0:
+            data = mutate(rng, seed_input)
+            started = time.monotonic()
+            # A hard stop at twice the deadline (Python code and the re module see the signal; C code
+            # that never checks for signals is measured when it returns).
+            signal.setitimer(signal.ITIMER_REAL, 2 * CALL_DEADLINE_S)
+            try:
+                with contextlib.suppress(*allowed):
+                    check(data)
+            except Overran:
+                pass
+            except Exception as exc:  # not the documented type: a traceback, named with its input
+                raise AssertionError(f"{type(exc).__name__}: {str(exc)[:200]} on {described(data)}") from exc
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            took = time.monotonic() - started
+            if took > CALL_DEADLINE_S:
+                pytest.fail(f"one call took {took:.1f} s (the limit is {CALL_DEADLINE_S} s) on {described(data)}")
+            runs += 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
     return runs
 
 
@@ -120,17 +173,32 @@ def test_json_read_back():
     assert fuzz(CONFIG, lambda d: loads_json(d, "f"), (UnsafeFileError,)) > 0
 
 
-@pytest.mark.parametrize(("name", "seed"), [("config.json", CONFIG), ("tokenizer.json", TOKENIZER)])
-def test_target_config_and_tokenizer(tmp_path, name, seed):
-    (tmp_path / "config.json").write_bytes(CONFIG)
-    (tmp_path / "tokenizer.json").write_bytes(TOKENIZER)
+TOKENIZER_CONFIG = json.dumps(
+    {"added_tokens_decoder": {"2": {"content": "<|mask|>", "special": True}}, "model_max_length": 9}
+).encode()
+VOCAB = json.dumps({"a": 0, "b": 1}).encode()
+ADDED_TOKENS = json.dumps({"<|mask|>": 2}).encode()
+# Every file dflash_drafter reads in a target directory; all present ones count.
+TARGET_FILES = {
+    "config.json": CONFIG,
+    "tokenizer.json": TOKENIZER,
+    "tokenizer_config.json": TOKENIZER_CONFIG,
+    "vocab.json": VOCAB,
+    "added_tokens.json": ADDED_TOKENS,
+}
+
+
+@pytest.mark.parametrize("name", sorted(TARGET_FILES))
+def test_target_config_and_tokenizer_files(tmp_path, name):
+    for other, content in TARGET_FILES.items():
+        (tmp_path / other).write_bytes(content)
 
     def check(data: bytes) -> None:
         (tmp_path / name).write_bytes(data)
         read_target(str(tmp_path))
         find_mask_token_id(str(tmp_path))
 
-    assert fuzz(seed, check, (DFlashConfigError,)) > 0
+    assert fuzz(TARGET_FILES[name], check, (DFlashConfigError,)) > 0
 
 
 def test_changeset_manifests():
@@ -214,3 +282,109 @@ def test_container_configs_never_raise():
         check_container_config(config, {n: None for n in names}, 1, 238)
 
     assert fuzz(LXC, check, ()) > 0
+
+
+METADATA = b"Metadata-Version: 2.1\nName: vllm\nVersion: 0.20.1\nRequires-Dist: torch==2.9.0\n\nvLLM\n"
+VENV_MARKER = json.dumps({"version": "0.20.1", "installed_at": "2026-01-01T00:00:00Z", "method": "ddtree"}).encode()
+
+
+@pytest.mark.parametrize("name", ["METADATA", MARKER])
+def test_venv_metadata_and_marker(tmp_path, name):
+    """vllm_venv_info and vllm_venvs read a venv's dist-info METADATA and the role's install marker."""
+    venv = tmp_path / "0.20.1"
+    site = venv / "lib" / "python3.11" / "site-packages"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm-0.20.1.dist-info").mkdir()
+    path = site / "vllm-0.20.1.dist-info" / "METADATA" if name == "METADATA" else venv / MARKER
+    (site / "vllm-0.20.1.dist-info" / "METADATA").write_bytes(METADATA)
+    (venv / MARKER).write_bytes(VENV_MARKER)
+
+    def check(data: bytes) -> None:
+        path.write_bytes(data)
+        state = read_venv(str(venv), "ddtree").as_dict()
+        entries = [vars(e) for e in list_venvs(str(tmp_path))]
+        # What the modules return must reach the controller: JSON, UTF-8 text.
+        json.dumps([state, entries])
+        assert all_text_is_utf8(state), f"read_venv returned text the controller refuses on {described(data)}"
+
+    assert fuzz(METADATA if name == "METADATA" else VENV_MARKER, check, ()) > 0
+
+
+ACTION = Path(__file__).resolve().parents[2] / "plugins" / "action" / "safetensors_stage.py"
+STAGE_DIGEST = "5020823fe0e40834133cbf04f57dc4d8db9a5c8f267dd8dcd2ac0d86e1877658"
+QUICK_LISTING = (
+    "|4096|1796026849.9072278980|root|vllm|750|d\r\n"
+    "model.safetensors|268435664|1796026301.1552340770|vllm|vllm|640|f\r\n"
+    ".model_stage.json|247|1796026849.9011244160|vllm|vllm|644|f\r\n"
+    "--model-stage-sidecar--\r\n"
+    '{"files": {"model.safetensors": {"mtime": 1796026301, "sha256": "' + STAGE_DIGEST + '",'
+    ' "size": 268435664, "source": "/w/a.safetensors"}}, "version": 1}\r\n'
+).encode()
+
+
+def test_the_quick_check_listing():
+    """safetensors_stage's action plugin judges a node's find listing and sidecar: anything odd is None."""
+    spec = importlib.util.spec_from_file_location("safetensors_stage_action_fuzz", ACTION)
+    action = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(action)
+    sources = [{"name": "model.safetensors", "origin": "/w/a.safetensors", "size": 268435664, "mtime": 1796026301}]
+    args = {"owner": "vllm", "group": "vllm", "mode": "0640", "dir_mode": "0750"}
+    assert action.unchanged_on_node(QUICK_LISTING.decode(), sources, args) is not None
+
+    def check(data: bytes) -> None:
+        found = action.unchanged_on_node(data.decode("utf-8", "replace"), sources, args)
+        assert found is None or set(found) == {"model.safetensors"}
+
+    assert fuzz(QUICK_LISTING, check, ()) > 0
+
+
+NODE_REPORT = json.dumps(
+    {
+        "gpu_check": {"summary": "1x NVIDIA H200"},
+        "service_swap": {
+            "serving": "vllm",
+            "mean_acceptance_length": 3.4,
+            "tokens_per_second": 181.2,
+            "probe_requests": 3,
+            "probe_max_tokens": 64,
+            "rolled_back": False,
+        },
+        "tune": {
+            "winner": "ddtree",
+            "reason": "faster",
+            "concurrency": 4,
+            "rows": [{"method": "ddtree", "budget": 8, "tok_s": 190.0, "acceptance": 3.5, "vs_chain": 1.1}],
+        },
+    }
+).encode()
+FAILED_RESULT = json.dumps({"msg": "n1: gpu_check failed", "results": [{"failed": True, "msg": "x"}]}).encode()
+
+
+@pytest.mark.parametrize(
+    ("what", "seed"),
+    [
+        pytest.param("report", NODE_REPORT, id="report"),
+        pytest.param("failed result", FAILED_RESULT, id="failed-result"),
+    ],
+)
+def test_rollout_report_inputs_never_raise(what, seed):
+    """The rollout report callback's inputs: a node's dflash_report fact and a failed task's result.
+
+    Ansible delivers them as decoded JSON; what does not decode never reaches the callback."""
+
+    def check(data: bytes) -> None:
+        try:
+            value = json.loads(data.decode("utf-8", "replace"))
+        except (ValueError, RecursionError):
+            return
+        host = {"outcome": "failed", "report": {}, "errors": [], "stats": {"failures": 1}}
+        if what == "report":
+            host["report"] = value
+        elif isinstance(value, dict):
+            host["errors"].append({"task": "t", "msg": failure_message(value)})
+        hosts = {"n1": host, "n2": {"outcome": "ok", "report": value, "errors": []}}
+        summary_table(summary_rows(hosts))
+        tune_table(tune_rows(hosts), 4)
+        json.dumps({"hosts": hosts}, indent=2, sort_keys=True, default=str)
+
+    assert fuzz(seed, check, ()) > 0

@@ -516,3 +516,22 @@ def test_numbers_nvidia_smi_cannot_report_are_parse_errors_not_crashes(value):
 @pytest.mark.parametrize("rc", [124, 137, -9])
 def test_a_hang_that_ignores_sigterm_is_a_timeout(rc):
     assert ng.classify_nvidia_smi_failure("", rc, "nvidia-smi")["kind"] == "timeout"
+
+
+def test_a_cuda_smoke_test_timeout_says_it_timed_out():
+    """Issue 23: a hung smoke test was reported as "did not finish cleanly (exit 124)"."""
+    assert ng.cuda_smoke_test_failure(124, "", 7, "libcuda.so.1") == (
+        "CUDA smoke test timed out after 7 s: cuInit(0) through libcuda.so.1 did not return. A hung GPU or "
+        "driver does this (look at the host's kernel log, dmesg, for Xid errors, and run nvidia-smi on the "
+        "host; a GPU reset or a host reboot may be needed), and so does a libcuda that is not the CUDA "
+        "driver library (check the libcuda option). Raise timeout only for a node known to take that long "
+        "to initialise CUDA."
+    )
+    for rc in (137, -9):
+        assert ng.cuda_smoke_test_failure(rc, "", 7, "x.so").startswith(
+            "CUDA smoke test timed out after 7 s and ignored SIGTERM (killed 5 s later): cuInit(0) through x.so"
+        )
+    # Any other exit is the probe crashing: its exit status and stderr, as before.
+    assert ng.cuda_smoke_test_failure(1, "  Segmentation fault\n", 7, "x.so") == (
+        "CUDA smoke test did not finish cleanly (exit 1): Segmentation fault"
+    )

@@ -64,6 +64,9 @@ def test_a_failed_loop_reports_its_failed_items() -> None:
     }
     assert failure_message(result) == "GPU 0 has 2435 MiB in use"
     assert failure_message({"msg": "plain"}) == "plain"
+    # A result whose results is not a list (found by the input fuzz): its msg, no TypeError.
+    assert failure_message({"msg": "n1: gpu_check failed", "results": True}) == "n1: gpu_check failed"
+    assert failure_message({"msg": "x", "results": 5}) == "x"
 
 
 def test_hosts_of_batches_that_never_started_are_not_reached() -> None:
