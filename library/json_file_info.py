@@ -80,11 +80,6 @@ data:
   returned: success
   type: raw
   sample: {"architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": {"num_hidden_layers": 64}}
-path:
-  description: The file read.
-  returned: success
-  type: str
-  sample: /opt/models/Qwen3.6-27B/config.json
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -107,8 +102,9 @@ def run(module: AnsibleModule) -> None:
     try:
         found = read_json_file(p["path"], p["max_bytes"], p["follow"], p["missing_ok"])
     except UnsafeFileError as exc:
-        module.fail_json(msg=str(exc), path=p["path"])
-    module.exit_json(changed=False, exists=found.exists, data=found.data, path=p["path"])
+        module.fail_json(msg=str(exc))
+    # No "path" key: AnsibleModule would add the file's owner, mode and size (lstat) to the result.
+    module.exit_json(changed=False, exists=found.exists, data=found.data)
 
 
 def main() -> None:

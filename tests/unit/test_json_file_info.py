@@ -34,7 +34,7 @@ def test_reads_the_value_and_changes_nothing(config: Path, capsys) -> None:
     assert result["changed"] is False
     assert result["exists"] is True
     assert result["data"] == {"architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": {"layer_types": []}}
-    assert result["path"] == str(config)
+    assert set(result) == {"changed", "exists", "data", "invocation"}
 
 
 def test_runs_the_same_in_check_mode(config: Path, capsys) -> None:
@@ -67,6 +67,7 @@ def test_a_missing_file_fails_unless_missing_ok(tmp_path: Path, capsys) -> None:
     assert result["msg"] == (
         f"{absent} does not exist; create it (or fix the path), or set missing_ok where it may be absent"
     )
+    assert set(result) == {"failed", "msg", "invocation"}
     failed, result = run_module({"path": str(absent), "missing_ok": True}, capsys)
     assert failed is False
     assert (result["exists"], result["data"], result["changed"]) == (False, None, False)
