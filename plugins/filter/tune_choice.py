@@ -255,9 +255,11 @@ def tune_plan(candidates: Sequence[Mapping[str, Any]], ddtree_unavailable: str) 
 
 
 def tune_swap_serving(fact_text: Any) -> str:
-    """What service_swap's local fact says serves ('vllm', 'sglang', 'none'); '' when absent or unreadable."""
+    """What service_swap's local fact says serves ('vllm', 'sglang', 'none'); '' when absent or unreadable.
+
+    ``fact_text`` is the fact's JSON text or its value already parsed (json_file_info's data)."""
     try:
-        data = json.loads(fact_text) if isinstance(fact_text, str) else None
+        data = json.loads(fact_text) if isinstance(fact_text, str) else fact_text
     except ValueError:
         return ""
     serving = data.get("serving") if isinstance(data, Mapping) else None
@@ -266,9 +268,9 @@ def tune_swap_serving(fact_text: Any) -> str:
 
 def tune_read_record(fact_text: Any) -> dict[str, Any]:
     """The node's recorded tuning (tune.fact): inputs_digest, inputs and results; {} when absent or unreadable
-    (then the node is measured again, as if never tuned)."""
+    (then the node is measured again, as if never tuned). ``fact_text``: JSON text or the value parsed."""
     try:
-        data = json.loads(fact_text) if isinstance(fact_text, str) else None
+        data = json.loads(fact_text) if isinstance(fact_text, str) else fact_text
     except ValueError:
         return {}
     if not isinstance(data, Mapping) or not isinstance(data.get("inputs_digest"), str):

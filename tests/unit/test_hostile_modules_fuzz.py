@@ -34,6 +34,7 @@ from typing import Any
 from unittest import mock
 
 import dflash_config
+import json_file_info
 import lxc_gpu_config
 import nvidia_gpu_facts
 import openai_bench
@@ -303,6 +304,12 @@ def test_drafter_modules(box, capsys, deadline):
     assert fuzz_module(safetensors_info, [{"path": str(drafter)}], {"checksum": "sha256"}, box, capsys, deadline) > 0
 
 
+def test_json_file_info(box, capsys, deadline):
+    config = fake("target_configs").tiny(box.box / "target") / "config.json"
+    extra = {"max_bytes": 16 * 1024 * 1024, "follow": True, "missing_ok": True}
+    assert fuzz_module(json_file_info, [{"path": str(config)}], extra, box, capsys, deadline) > 0
+
+
 def test_safetensors_stage(box, capsys, deadline):
     src = box.box / "src" / "model.safetensors"
     src.parent.mkdir()
@@ -455,6 +462,7 @@ def test_http_bodies_from_a_hostile_server(box, capsys, deadline, servers, modul
 def test_the_fuzzed_modules_are_every_module():
     fuzzed = {
         "dflash_config",
+        "json_file_info",
         "safetensors_info",
         "safetensors_stage",
         "vllm_patch",

@@ -321,8 +321,24 @@ def test_what_the_swap_fact_says_serves(text: str, serving: str) -> None:
     assert tune_swap_serving(text) == serving
 
 
+@pytest.mark.parametrize(
+    ("data", "serving"),
+    [({"phase": "swapped", "serving": "vllm"}, "vllm"), ({"serving": 5}, ""), ([], ""), (None, ""), (7, "")],
+)
+def test_the_swap_fact_may_come_parsed(data: object, serving: str) -> None:
+    """json_file_info returns the fact parsed (data), None when the file is absent."""
+    assert tune_swap_serving(data) == serving
+
+
 def test_a_broken_record_counts_as_never_tuned() -> None:
     good = '{"inputs_digest": "ab", "inputs": {}, "results": [{"method": "dflash"}]}'
     assert tune_read_record(good) == {"inputs_digest": "ab", "inputs": {}, "results": [{"method": "dflash"}]}
     for bad in ("", "{", "[]", '{"inputs_digest": 1, "results": []}', '{"inputs_digest": "ab", "results": [1]}'):
+        assert tune_read_record(bad) == {}
+
+
+def test_the_record_may_come_parsed() -> None:
+    good = {"inputs_digest": "ab", "inputs": {}, "results": [{"method": "dflash"}]}
+    assert tune_read_record(good) == good
+    for bad in (None, [], 3, {"inputs_digest": 1, "results": []}, {"inputs_digest": "ab", "results": [1]}):
         assert tune_read_record(bad) == {}
