@@ -61,27 +61,4 @@ def read_json_file(
         data = loads_json(raw, path)
     except UnsafeFileError as exc:
         raise UnsafeFileError(f"{exc}; fix or replace the file and run again") from None
-    where = _lone_surrogate(data)
-    if where is not None:
-        raise UnsafeFileError(
-            f"{path} holds a lone surrogate escape ({where}), which is not text; fix or replace the file and run again"
-        )
     return JsonFile(exists=True, data=data)
-
-
-def _lone_surrogate(value: Any) -> str | None:
-    """The first string (key or value) that cannot be UTF-8 (a ``\\ud800`` escape alone), shown; else None."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return ascii(item[:40])
-        elif isinstance(item, dict):
-            stack.extend(item)
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return None

@@ -164,7 +164,8 @@ def test_a_lone_surrogate_escape_is_refused(tmp_path: Path) -> None:
     path.write_text('{"ok": ["\\ud800x"]}')
     assert _refusal(str(path)) == (
         True,
-        f"{path} holds a lone surrogate escape ('\\ud800x'), which is not text; fix or replace the file and run again",
+        f"{path} holds a lone surrogate (\\ud800 escape), which no UTF-8 text can hold; it is not such a file; fix or"
+        " replace the file and run again",
     )
 
 
