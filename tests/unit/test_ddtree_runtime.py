@@ -363,3 +363,34 @@ def test_under_async_scheduling_only_requests_of_the_last_step_use_their_trees(d
     step.prepare(from_last_step=[True, False, False])  # a was not in the last step: placeholder drafts
     assert step.rt._step.has_tree.tolist() == [True, False, False]
     assert step.rt._step.has_drafts.tolist() == [True, False, True]  # still verified, as a star
+
+
+@pytest.mark.parametrize(
+    ("max_num_reqs", "max_num_tokens", "chunks"),
+    [(4, 64, [8, 8, 4]), (8, 16, [8, 8])],  # 4 x (4 + 1) rows; or as many as a step may schedule
+)
+def test_the_memory_profile_holds_a_full_tree_step(dd, monkeypatch, max_num_reqs, max_num_tokens, chunks):
+    rt = dd.DDTreeRuntime(
+        budget=4, depth=2, device=torch.device("cpu"), max_num_reqs=max_num_reqs, max_num_tokens=max_num_tokens
+    )
+    monkeypatch.setattr(dd, "_CHOICE_ROWS", 8)
+    lm_head = torch.randn(50, 6)
+    logits_rows, sampled_chunks = [], []
+
+    def compute_logits(hidden):
+        logits_rows.append(hidden.shape[0])
+        return hidden @ lm_head.T
+
+    choices = rt._choices
+
+    def sampled(logits, row_req, sampling):
+        sampled_chunks.append((logits.shape[0], sampling.all_greedy, sampling.allowed_token_ids_mask.shape))
+        return choices(logits, row_req, sampling)
+
+    monkeypatch.setattr(rt, "_choices", sampled)
+    rt.profile_step_memory(torch.randn(max_num_tokens, 6), compute_logits)
+    # The verified rows, then every request's drafter logits at every depth.
+    assert logits_rows == [sum(chunks), max_num_reqs * 2]
+    # Every verified row sampled, 8 at a time, with top-k/top-p and an allowed-token mask.
+    assert [n for n, _, _ in sampled_chunks] == chunks
+    assert {(greedy, mask) for _, greedy, mask in sampled_chunks} == {(False, (max_num_reqs, 50))}

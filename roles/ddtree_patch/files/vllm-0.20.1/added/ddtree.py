@@ -128,6 +128,18 @@ class RecurrentGroup:
 
 
 @dataclass
+class _ProfileSampling:
+    """The sampling metadata ``_target_choices`` reads, for the memory profile:
+    every row sampled (the path with the most temporaries)."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    allowed_token_ids_mask: torch.Tensor
+    all_greedy: bool = False
+
+
+@dataclass
 class _StoredTrees:
     """The trees proposed at the end of a step, rows in that step's batch order."""
 
@@ -176,6 +188,8 @@ class DDTreeRuntime:
         self.budget = budget
         self.depth = depth
         self.device = device
+        self.max_num_reqs = max_num_reqs
+        self.max_num_tokens = max_num_tokens
         self.overlapped = overlapped
         self._stored: _StoredTrees | None = None
         self._step: _StepTrees | None = None
@@ -381,14 +395,55 @@ class DDTreeRuntime:
             self._bias_rows = 0
 
     # ------------------------------------------------------------------
+    # Memory
+    # ------------------------------------------------------------------
+    def profile_step_memory(self, hidden_states: torch.Tensor, compute_logits) -> None:
+        """Hold a tree step's vocab-sized tensors at their largest inside
+        vLLM's memory profile (the runner's ``profile_run``, after its dummy
+        forward and sampling), so the peak that sizes the KV cache covers
+        them and a full batch cannot run out of memory mid-step.
+
+        vLLM's profile samples one row per request. A tree step holds the
+        target's logits at every request's root and nodes (up to
+        ``max_num_reqs x (budget + 1)`` rows, at most ``max_num_tokens``), the
+        float32 temporaries of sampling ``_CHOICE_ROWS`` of them at a time
+        with top-k, top-p and allowed-token masks, and, while those logits
+        are still held, the drafter's logits at every depth of every request
+        (the tree build's input). ``hidden_states``: the dummy forward's
+        ``[tokens, hidden]``; ``compute_logits``: the target's."""
+        reqs = self.max_num_reqs
+        rows = min(self.max_num_tokens, reqs * (self.budget + 1), hidden_states.shape[0])
+        device = hidden_states.device
+        verify = compute_logits(torch.rand_like(hidden_states[:rows]))
+        vocab = verify.shape[-1]
+        row_req = (torch.arange(rows, device=device) // (self.budget + 1)).clamp(max=reqs - 1)
+        sampling = _ProfileSampling(
+            temperature=torch.full((reqs,), 0.5, device=device),
+            top_k=torch.full((reqs,), vocab - 1, dtype=torch.int64, device=device),
+            top_p=torch.full((reqs,), 0.9, device=device),
+            allowed_token_ids_mask=torch.zeros(reqs, vocab, dtype=torch.bool, device=device),
+        )
+        self._target_choices(verify, row_req, sampling)
+        draft_hidden = torch.rand(reqs * self.depth, hidden_states.shape[-1], dtype=hidden_states.dtype, device=device)
+        draft = compute_logits(draft_hidden)
+        build_trees(draft.view(reqs, self.depth, -1), self.budget)
+        logger.info(
+            "DDTree: the memory profile holds a tree step of %d verified rows and %d draft rows (vocabulary %d).",
+            rows,
+            reqs * self.depth,
+            vocab,
+        )
+
+    # ------------------------------------------------------------------
     # Acceptance
     # ------------------------------------------------------------------
     def _target_choices(self, logits: torch.Tensor, row_req: torch.Tensor, sampling_metadata) -> torch.Tensor:
         """The target's token at every row: argmax when greedy, else a sample of
-        its temperature/top-k/top-p distribution. Rows go in chunks so that the
-        float32 vocab-sized temporaries stay within what vLLM's memory profile
-        saw, whatever batch x budget is. A greedy batch without allowed-token
-        masks needs none: the argmax of the logits as they are is the argmax of
+        its temperature/top-k/top-p distribution. Rows go in chunks, so the
+        float32 vocab-sized temporaries are those of ``_CHOICE_ROWS`` rows
+        whatever batch x budget is (``profile_step_memory`` shows them to
+        vLLM's memory profile). A greedy batch without allowed-token masks
+        needs none: the argmax of the logits as they are is the argmax of
         their float32 copy (the conversion is exact), in one launch."""
         if sampling_metadata.all_greedy and sampling_metadata.allowed_token_ids_mask is None:
             return logits.argmax(dim=-1)
