@@ -47,6 +47,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(REPO / "plugins" / "filter"))
+from ddtree_method import ddtree_cudagraph_sizes  # noqa: E402
 from repo_module_utils import use_repo_module_utils  # noqa: E402
 
 use_repo_module_utils()
@@ -480,20 +482,27 @@ def cmd_gen(a: argparse.Namespace) -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    max_num_seqs, max_num_batched_tokens = 8, 2048
     kw = dict(
         model=a.model,
         skip_tokenizer_init=True,
         enforce_eager=not a.graphs,
         gpu_memory_utilization=0.25,
         max_model_len=2048,
-        max_num_seqs=8,
-        max_num_batched_tokens=2048,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
         dtype={"bf16": "bfloat16", "fp16": "float16"}[a.dtype],
         seed=SEED,
         disable_log_stats=False,
         kv_cache_memory_bytes=2 << 30,
     )
-    if a.graphs:
+    if a.graphs and a.method == "ddtree":
+        # The graph sizes service_swap renders for DDTree: one per uniform verification batch.
+        verified = a.budget or DEPTH
+        kw["compilation_config"] = {
+            "cudagraph_capture_sizes": ddtree_cudagraph_sizes(max_num_seqs, verified, max_num_batched_tokens)
+        }
+    elif a.graphs:
         kw["compilation_config"] = {"max_cudagraph_capture_size": 256}
     if a.hybrid:
         # Qwen3.5/3.6: the language model only (no vision tower), the GDN prefill on its Triton
