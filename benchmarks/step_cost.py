@@ -72,7 +72,6 @@ ENGINE_ARGS = {
 }
 BATCHES = (1, 8)
 CONTEXTS = (512, 8192)
-MAX_BATCHED_TOKENS = max(BATCHES) * max(CONTEXTS)  # a batch's prefill in one step
 # Start-up with compilation on a machine with cold caches, measured on an H200: 8B 97 s chain, 141 s
 # DDTree; 27B DDTree 265 s (compilation 126 s, warm-up 97 s). A repeat start on the same machine reads
 # vLLM's and Triton's caches under ~/.cache and takes about 40 s.
@@ -231,14 +230,23 @@ def decode_ms_per_step(first_token_ts: list[float], last_token_ts: list[float], 
     return round(1000 * span / steps, 3)
 
 
-def compilation_config(budget: int | None) -> dict[str, Any]:
+def batched_tokens(pairs: list[tuple[int, int]]) -> int:
+    """max_num_batched_tokens for a case: the largest batch's prompts prefilled in one step (so no
+    decode step shares its time with a prefill), and never below the longest context, which keeps
+    DDTree's graph sizes those of eight requests. Nothing larger: vLLM's profile run prefills this
+    many tokens and autotunes the Gated DeltaNet kernels at that size, about 110 s of a cold 27B
+    start-up at 65,536 tokens, which a case of batch-1 pairs does not need."""
+    return max(max(CONTEXTS), *(batch * context for batch, context in pairs))
+
+
+def compilation_config(budget: int | None, tokens: int) -> dict[str, Any]:
     """DDTree runs with the CUDA graphs service_swap renders for it, one for every uniform
-    verification batch (plugins/filter/ddtree_method.py: 8 requests at budget 64 are 520 tokens,
-    past vLLM's default cap of 512); the target alone and the chain keep vLLM's default, as they
-    are served."""
+    verification batch of up to eight requests with ``tokens`` batched tokens
+    (plugins/filter/ddtree_method.py: 8 requests at budget 64 are 520 tokens, past vLLM's default
+    cap of 512); the target alone and the chain keep vLLM's default, as they are served."""
     if not budget:
         return {}
-    return {"cudagraph_capture_sizes": ddtree_cudagraph_sizes(max(BATCHES), budget, MAX_BATCHED_TOKENS)}
+    return {"cudagraph_capture_sizes": ddtree_cudagraph_sizes(max(BATCHES), budget, tokens)}
 
 
 def model_len(tokens: int) -> int:
@@ -366,13 +374,15 @@ def run_case(
     from vllm.inputs import TokensPrompt
 
     target, drafter = write_models(shape, root)
+    pairs = pairs or parse_pairs(None)
+    tokens_per_step = batched_tokens(pairs)
     kw: dict[str, Any] = dict(
         model=str(target),
         load_format="dummy",
         skip_tokenizer_init=True,
         max_model_len=model_len(tokens),
         max_num_seqs=max(BATCHES),
-        max_num_batched_tokens=MAX_BATCHED_TOKENS,
+        max_num_batched_tokens=tokens_per_step,
         enable_prefix_caching=False,
         gpu_memory_utilization=0.9,
         disable_log_stats=False,
@@ -381,7 +391,7 @@ def run_case(
         kw["language_model_only"] = True
         kw["additional_config"] = {"gdn_prefill_backend": "triton"}
     budget = METHODS[method]
-    kw["compilation_config"] = compilation_config(budget)
+    kw["compilation_config"] = compilation_config(budget, tokens_per_step)
     kw.update(ENGINE_ARGS.get(method, {}))
     if profile is not None:
         # The scopes step_profile.py splits a step by; read when vLLM starts.
@@ -403,7 +413,7 @@ def run_case(
     vocab = target_config(shape).get("vocab_size") or target_config(shape)["text_config"]["vocab_size"]
     rng = random.Random(0)
     out = []
-    for batch, context in pairs or parse_pairs(None):
+    for batch, context in pairs:
         prompts = [
             TokensPrompt(prompt_token_ids=[rng.randrange(vocab // 2) for _ in range(context)]) for _ in range(batch)
         ]
@@ -426,6 +436,7 @@ def run_case(
                     [m.first_token_ts for m in stats], [m.last_token_ts for m in stats], steps
                 ),
                 "start_s": round(start_s, 1),
+                "batched_tokens": tokens_per_step,
                 "run": run,
                 **({"problem": problem} if problem else {}),
             }

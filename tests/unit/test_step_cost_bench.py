@@ -150,12 +150,26 @@ def test_only_case_files_are_read_back(bench, tmp_path):
     assert bench.load_results(tmp_path) == [row]
 
 
-def test_ddtree_runs_with_the_graph_cap_service_swap_renders_and_the_rest_with_vllms_default(bench):
-    assert bench.compilation_config(None) == {}  # the target alone
-    assert bench.compilation_config(0) == {}  # the chain
-    assert bench.compilation_config(16) == {"cudagraph_capture_sizes": [17, 34, 51, 68, 85, 102, 119, 136]}
+@pytest.mark.parametrize("tokens", [8192, 65536])
+def test_ddtree_runs_with_the_graph_cap_service_swap_renders_and_the_rest_with_vllms_default(bench, tokens):
+    assert bench.compilation_config(None, tokens) == {}  # the target alone
+    assert bench.compilation_config(0, tokens) == {}  # the chain
+    assert bench.compilation_config(16, tokens) == {"cudagraph_capture_sizes": [17, 34, 51, 68, 85, 102, 119, 136]}
     # 8 x 65 = 520 tokens, past vLLM's default cap of 512.
-    assert bench.compilation_config(64) == {"cudagraph_capture_sizes": [65, 130, 195, 260, 325, 390, 455, 520]}
+    assert bench.compilation_config(64, tokens) == {"cudagraph_capture_sizes": [65, 130, 195, 260, 325, 390, 455, 520]}
+
+
+@pytest.mark.parametrize(
+    ("pairs", "tokens"),
+    [
+        ([(1, 512)], 8192),  # never below the longest context
+        ([(1, 512), (1, 8192)], 8192),
+        ([(8, 512)], 8192),
+        ([(1, 512), (8, 8192)], 65536),  # eight 8192-token prompts in one prefill step
+    ],
+)
+def test_a_case_batches_the_tokens_of_its_largest_prefill(bench, pairs, tokens):
+    assert bench.batched_tokens(pairs) == tokens
 
 
 def test_the_context_leaves_room_for_the_largest_ddtree_step_after_the_last_token(bench):
