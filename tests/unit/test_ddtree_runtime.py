@@ -367,7 +367,7 @@ def test_under_async_scheduling_only_requests_of_the_last_step_use_their_trees(d
 
 @pytest.mark.parametrize(
     ("max_num_reqs", "max_num_tokens", "chunks"),
-    [(4, 64, [8, 8, 4]), (8, 16, [8, 8])],  # 4 x (4 + 1) rows; or as many as a step may schedule
+    [(4, 64, [8, 8, 4]), (8, 16, [8, 8])],  # 4 x (4 + 1) rows; or no more than the runner's token capacity
 )
 def test_the_memory_profile_holds_a_full_tree_step(dd, monkeypatch, max_num_reqs, max_num_tokens, chunks):
     rt = dd.DDTreeRuntime(
