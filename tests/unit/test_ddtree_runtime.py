@@ -7,6 +7,7 @@ the compaction of the accepted path. vLLM itself is replaced by tests/fakes/vllm
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import pytest
@@ -375,11 +376,14 @@ def test_the_memory_profile_holds_a_full_tree_step(dd, monkeypatch, max_num_reqs
     )
     monkeypatch.setattr(dd, "_CHOICE_ROWS", 8)
     lm_head = torch.randn(50, 6)
-    logits_rows, sampled_chunks = [], []
+    logits_rows, sampled_chunks, made = [], [], []
 
     def compute_logits(hidden):
-        logits_rows.append(hidden.shape[0])
-        return hidden @ lm_head.T
+        # Rows asked for, and whether the logits made before are still held (as in a real step).
+        logits_rows.append((hidden.shape[0], [m() is not None for m in made]))
+        out = hidden @ lm_head.T
+        made.append(weakref.ref(out))
+        return out
 
     choices = rt._choices
 
@@ -389,8 +393,8 @@ def test_the_memory_profile_holds_a_full_tree_step(dd, monkeypatch, max_num_reqs
 
     monkeypatch.setattr(rt, "_choices", sampled)
     rt.profile_step_memory(torch.randn(max_num_tokens, 6), compute_logits)
-    # The verified rows, then every request's drafter logits at every depth.
-    assert logits_rows == [sum(chunks), max_num_reqs * 2]
+    # The verified rows, then every request's drafter logits at every depth while those are held.
+    assert logits_rows == [(sum(chunks), []), (max_num_reqs * 2, [True])]
     # Every verified row sampled, 8 at a time, with top-k/top-p and an allowed-token mask.
     assert [n for n, _, _ in sampled_chunks] == chunks
     assert {(greedy, mask) for _, greedy, mask in sampled_chunks} == {(False, (max_num_reqs, 50))}
