@@ -367,20 +367,27 @@ def test_under_async_scheduling_only_requests_of_the_last_step_use_their_trees(d
 
 
 @pytest.mark.parametrize(
-    ("max_num_reqs", "max_num_tokens", "chunks"),
-    [(4, 64, [8, 8, 4]), (8, 16, [8, 8])],  # 4 x (4 + 1) rows; or no more than the runner's token capacity
+    ("max_num_reqs", "scheduled_tokens", "chunks"),
+    # 4 x (4 + 1) rows; or no more than the scheduler puts in a step (below the runner's 64 tokens)
+    [(4, 64, [8, 8, 4]), (8, 16, [8, 8])],
 )
-def test_the_memory_profile_holds_a_full_tree_step(dd, monkeypatch, max_num_reqs, max_num_tokens, chunks):
-    rt = dd.DDTreeRuntime(
-        budget=4, depth=2, device=torch.device("cpu"), max_num_reqs=max_num_reqs, max_num_tokens=max_num_tokens
-    )
+def test_the_memory_profile_holds_a_full_tree_step(dd, monkeypatch, max_num_reqs, scheduled_tokens, chunks):
+    rt = dd.DDTreeRuntime(budget=4, depth=2, device=torch.device("cpu"), max_num_reqs=max_num_reqs, max_num_tokens=64)
     monkeypatch.setattr(dd, "_CHOICE_ROWS", 8)
     lm_head = torch.randn(50, 6)
-    logits_rows, sampled_chunks, made = [], [], []
+    logits_rows, sampled_chunks, made, empties = [], [], [], []
+    real_empty = torch.empty
+
+    def empty(*size, **kwargs):
+        out = real_empty(*size, **kwargs)
+        empties.append(weakref.ref(out))
+        return out
 
     def compute_logits(hidden):
-        # Rows asked for, and whether the logits made before are still held (as in a real step).
-        logits_rows.append((hidden.shape[0], [m() is not None for m in made]))
+        # Rows asked for, whether the logits made before are still held (as in
+        # a real step), and which empty tensors are held beside them.
+        held = [tuple(e().shape) for e in empties if e() is not None]
+        logits_rows.append((hidden.shape[0], [m() is not None for m in made], held))
         out = hidden @ lm_head.T
         made.append(weakref.ref(out))
         return out
@@ -392,9 +399,13 @@ def test_the_memory_profile_holds_a_full_tree_step(dd, monkeypatch, max_num_reqs
         return choices(logits, row_req, sampling)
 
     monkeypatch.setattr(rt, "_choices", sampled)
-    rt.profile_step_memory(torch.randn(max_num_tokens, 6), compute_logits)
-    # The verified rows, then every request's drafter logits at every depth while those are held.
-    assert logits_rows == [(sum(chunks), []), (max_num_reqs * 2, [True])]
+    monkeypatch.setattr(torch, "empty", empty)
+    # The dummy forward's hidden states cover the runner's 64 tokens; 3 captured layers of width 6.
+    rt.profile_step_memory(torch.randn(64, 6), compute_logits, scheduled_tokens=scheduled_tokens, captured_layers=3)
+    captured = (scheduled_tokens, 2 * 3 * 6)  # each layer's states and their concatenation
+    # The verified rows, then every request's drafter logits at every depth while those are held,
+    # and the captured hidden states held throughout.
+    assert logits_rows == [(sum(chunks), [], [captured]), (max_num_reqs * 2, [True], [captured])]
     # Every verified row sampled, 8 at a time, with top-k/top-p and an allowed-token mask.
     assert [n for n, _, _ in sampled_chunks] == chunks
     assert {(greedy, mask) for _, greedy, mask in sampled_chunks} == {(False, (max_num_reqs, 50))}

@@ -397,23 +397,36 @@ class DDTreeRuntime:
     # ------------------------------------------------------------------
     # Memory
     # ------------------------------------------------------------------
-    def profile_step_memory(self, hidden_states: torch.Tensor, compute_logits) -> None:
-        """Hold a tree step's vocab-sized tensors at their largest inside
-        vLLM's memory profile (the runner's ``profile_run``, after its dummy
-        forward and sampling), so the peak that sizes the KV cache covers
-        them and a full batch cannot run out of memory mid-step.
+    def profile_step_memory(
+        self,
+        hidden_states: torch.Tensor,
+        compute_logits,
+        scheduled_tokens: int,
+        captured_layers: int,
+    ) -> None:
+        """Hold a tree step's largest tensors inside vLLM's memory profile (the
+        runner's ``profile_run``, after its dummy forward and sampling), so the
+        peak that sizes the KV cache sees them.
 
-        vLLM's profile samples one row per request. A tree step holds the
-        target's logits at every request's root and nodes (up to
-        ``max_num_reqs x (budget + 1)`` rows, at most ``max_num_tokens``), the
-        float32 temporaries of sampling ``_CHOICE_ROWS`` of them at a time
-        with top-k, top-p and allowed-token masks, and, while those logits
-        are still held, the drafter's logits at every depth of every request
-        (the tree build's input). ``hidden_states``: the dummy forward's
-        ``[tokens, hidden]``; ``compute_logits``: the target's."""
+        vLLM's profile samples one row per request and frees the target's
+        captured hidden states after its dummy forward. A tree step holds, at
+        once: those captured states (``captured_layers`` tensors of
+        ``[tokens, hidden]``, and their concatenation when the drafter reads
+        them), the target's logits at every request's root and nodes (up to
+        ``max_num_reqs x (budget + 1)`` rows, at most ``scheduled_tokens``, the
+        most the scheduler puts in one step), the float32 temporaries of
+        sampling ``_CHOICE_ROWS`` of them at a time with top-k, top-p and
+        allowed-token masks, and the drafter's logits at every depth of every
+        request (the tree build's input). The drafter's own forward is
+        profiled by vLLM without the captured states beside it: the
+        ``gpu_memory_utilization`` headroom covers that. ``hidden_states``:
+        the dummy forward's ``[tokens, hidden]``; ``compute_logits``: the
+        target's."""
         reqs = self.max_num_reqs
-        rows = min(self.max_num_tokens, reqs * (self.budget + 1), hidden_states.shape[0])
+        rows = min(scheduled_tokens, reqs * (self.budget + 1), hidden_states.shape[0])
         device = hidden_states.device
+        hidden = hidden_states.shape[-1]
+        captured = torch.empty(scheduled_tokens, 2 * captured_layers * hidden, dtype=hidden_states.dtype, device=device)
         verify = compute_logits(torch.rand_like(hidden_states[:rows]))
         vocab = verify.shape[-1]
         row_req = (torch.arange(rows, device=device) // (self.budget + 1)).clamp(max=reqs - 1)
@@ -424,15 +437,19 @@ class DDTreeRuntime:
             allowed_token_ids_mask=torch.zeros(reqs, vocab, dtype=torch.bool, device=device),
         )
         self._target_choices(verify, row_req, sampling)
-        draft_hidden = torch.rand(reqs * self.depth, hidden_states.shape[-1], dtype=hidden_states.dtype, device=device)
+        draft_hidden = torch.rand(reqs * self.depth, hidden, dtype=hidden_states.dtype, device=device)
         draft = compute_logits(draft_hidden)
         build_trees(draft.view(reqs, self.depth, -1), self.budget)
         logger.info(
-            "DDTree: the memory profile holds a tree step of %d verified rows and %d draft rows (vocabulary %d).",
+            "DDTree: the memory profile holds a tree step of %d verified rows, %d draft rows "
+            "(vocabulary %d) and %d tokens' hidden states captured at %d layers.",
             rows,
             reqs * self.depth,
             vocab,
+            scheduled_tokens,
+            captured_layers,
         )
+        del captured
 
     # ------------------------------------------------------------------
     # Acceptance
