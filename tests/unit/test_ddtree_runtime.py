@@ -402,10 +402,23 @@ def test_the_memory_profile_holds_a_full_tree_step(dd, monkeypatch, max_num_reqs
     monkeypatch.setattr(torch, "empty", empty)
     # The dummy forward's hidden states cover the runner's 64 tokens; 3 captured layers of width 6.
     rt.profile_step_memory(torch.randn(64, 6), compute_logits, scheduled_tokens=scheduled_tokens, captured_layers=3)
-    captured = (scheduled_tokens, 2 * 3 * 6)  # each layer's states and their concatenation
+    captured = (scheduled_tokens * 2 * 3 * 6 * 4,)  # each float32 layer's states and their concatenation, in bytes
     # The verified rows, then every request's drafter logits at every depth while those are held,
     # and the captured hidden states held throughout.
     assert logits_rows == [(sum(chunks), [], [captured]), (max_num_reqs * 2, [True], [captured])]
     # Every verified row sampled, 8 at a time, with top-k/top-p and an allowed-token mask.
     assert [n for n, _, _ in sampled_chunks] == chunks
     assert {(greedy, mask) for _, greedy, mask in sampled_chunks} == {(False, (max_num_reqs, 50))}
+
+
+@pytest.mark.parametrize(
+    ("dtype", "per_layer_and_width"),
+    [
+        (torch.bfloat16, 2 * 2),  # the states and their concatenation
+        (torch.float32, 2 * 4),
+        (torch.float16, 2 * 4 + 2),  # float32 under fp16 (Gemma-style norms), and the drafter's fp16 cast
+    ],
+)
+def test_captured_states_are_counted_as_the_target_keeps_them(dd, dtype, per_layer_and_width):
+    assert dd.captured_bytes_per_token(5, 5120, dtype) == 5 * 5120 * per_layer_and_width
+    assert dd.captured_bytes_per_token(0, 5120, dtype) == 0

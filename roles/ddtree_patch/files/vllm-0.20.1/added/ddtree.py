@@ -127,6 +127,17 @@ class RecurrentGroup:
     width: int  # the convolution's kernel width
 
 
+def captured_bytes_per_token(layers: int, hidden: int, dtype: torch.dtype) -> int:
+    """Bytes a step keeps per scheduled token for the target's captured hidden
+    states (the drafter's input): one ``[hidden]`` row per tapped layer and
+    their concatenation. Targets with Gemma-style norms (Qwen3.5/3.6) capture
+    them in float32 under fp16 and the drafter casts the concatenation back to
+    fp16; every fp16 target is counted so (more than others keep)."""
+    if dtype == torch.float16:
+        return layers * hidden * (2 * torch.float32.itemsize + dtype.itemsize)
+    return 2 * layers * hidden * dtype.itemsize
+
+
 @dataclass
 class _ProfileSampling:
     """The sampling metadata ``_target_choices`` reads, for the memory profile:
@@ -410,23 +421,25 @@ class DDTreeRuntime:
 
         vLLM's profile samples one row per request and frees the target's
         captured hidden states after its dummy forward. A tree step holds, at
-        once: those captured states (``captured_layers`` tensors of
-        ``[tokens, hidden]``, and their concatenation when the drafter reads
-        them), the target's logits at every request's root and nodes (up to
+        once: those captured states (``captured_bytes_per_token``), the
+        target's logits at every request's root and nodes (up to
         ``max_num_reqs x (budget + 1)`` rows, at most ``scheduled_tokens``, the
         most the scheduler puts in one step), the float32 temporaries of
         sampling ``_CHOICE_ROWS`` of them at a time with top-k, top-p and
         allowed-token masks, and the drafter's logits at every depth of every
-        request (the tree build's input). The drafter's own forward is
-        profiled by vLLM without the captured states beside it: the
-        ``gpu_memory_utilization`` headroom covers that. ``hidden_states``:
+        request (the tree build's input). Not held here: the drafter's context
+        work (its ``fc`` output and the context K/V it precomputes), which a
+        step does beside the captured states and the verification logits but
+        after the sampling temporaries are freed; the ``gpu_memory_utilization``
+        headroom outside vLLM's budget covers what it adds. ``hidden_states``:
         the dummy forward's ``[tokens, hidden]``; ``compute_logits``: the
         target's."""
         reqs = self.max_num_reqs
         rows = min(scheduled_tokens, reqs * (self.budget + 1), hidden_states.shape[0])
         device = hidden_states.device
         hidden = hidden_states.shape[-1]
-        captured = torch.empty(scheduled_tokens, 2 * captured_layers * hidden, dtype=hidden_states.dtype, device=device)
+        per_token = captured_bytes_per_token(captured_layers, hidden, hidden_states.dtype)
+        captured = torch.empty(scheduled_tokens * per_token, dtype=torch.uint8, device=device)
         verify = compute_logits(torch.rand_like(hidden_states[:rows]))
         vocab = verify.shape[-1]
         row_req = (torch.arange(rows, device=device) // (self.budget + 1)).clamp(max=reqs - 1)
