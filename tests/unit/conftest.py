@@ -1,9 +1,10 @@
-"""Fixtures shared by the unit tests: the lab's stand-in target model, small real filesystems (realfs), and
-Triton's interpreter for the DDTree kernels' tests on the CPU."""
+"""Fixtures shared by the unit tests: the lab's stand-in target model, small real filesystems (realfs),
+Triton's interpreter for the DDTree kernels' tests on the CPU, and the tests/gpu scripts' CPU parts."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import realfs
 
 TARGET_MODEL = Path(__file__).resolve().parents[2] / "tests" / "fakes" / "target_model.py"
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
+GPU_TESTS = Path(__file__).resolve().parents[1] / "gpu"
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +114,15 @@ def dd():
         if name == "vllm" or name.startswith("vllm."):
             del sys.modules[name]
     return module
+
+
+@pytest.fixture(scope="module")
+def gpu_script() -> Iterator[Callable[[str], object]]:
+    """Imports a tests/gpu script by name for one test module, then takes tests/gpu off sys.path and
+    its imports out of sys.modules again: library/ modules share names with module_utils/ files."""
+    saved_path, saved_modules = list(sys.path), set(sys.modules)
+    sys.path.insert(0, str(GPU_TESTS))
+    yield importlib.import_module
+    sys.path[:] = saved_path
+    for name in set(sys.modules) - saved_modules:
+        del sys.modules[name]

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
-
-GPU_TESTS = str(Path(__file__).resolve().parents[1] / "gpu")
 
 
 @pytest.fixture(scope="module")
-def ddtree_gpu():
-    """The driver, imported without leaving its path (the repo's module_utils first) to other tests:
-    library/ modules share names with module_utils/ files."""
-    saved_path, saved_modules = list(sys.path), set(sys.modules)
-    sys.path.insert(0, GPU_TESTS)
-    yield importlib.import_module("ddtree_gpu")
-    sys.path[:] = saved_path
-    for name in set(sys.modules) - saved_modules:
-        del sys.modules[name]
+def ddtree_gpu(gpu_script):
+    """The GPU driver's judgements, importable on the CPU."""
+    return gpu_script("ddtree_gpu")
 
 
 REFUSED = "DDTree tree verification (speculative method 'ddtree') cannot honour logprobs ..."

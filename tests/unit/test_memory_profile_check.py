@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 
-GPU_TESTS = str(Path(__file__).resolve().parents[1] / "gpu")
 GIB = 1 << 30
 
 
 @pytest.fixture(scope="module")
-def check():
-    """Imported without leaving its path to other tests (library/ shares names with module_utils/)."""
-    saved_path, saved_modules = list(sys.path), set(sys.modules)
-    sys.path.insert(0, GPU_TESTS)
-    yield importlib.import_module("memory_profile_check")
-    sys.path[:] = saved_path
-    for name in set(sys.modules) - saved_modules:
-        del sys.modules[name]
+def check(gpu_script):
+    """The check's verdict, importable on the CPU."""
+    return gpu_script("memory_profile_check")
 
 
 def case(profile: float, step: float, kept: float = 0.0, tokens: int = 24) -> dict:

@@ -8,7 +8,6 @@ runs tests/gpu/serve_check.py against the lab's stand-in vLLM with the rendered 
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
@@ -34,14 +33,9 @@ SystemCallErrorNumber=EPERM
 
 
 @pytest.fixture(scope="module")
-def sf():
+def sf(gpu_script):
     """The module, imported without leaving tests/gpu on sys.path for other tests."""
-    saved_path, saved_modules = list(sys.path), set(sys.modules)
-    sys.path.insert(0, str(GPU_TESTS))
-    yield importlib.import_module("syscall_filter")
-    sys.path[:] = saved_path
-    for name in set(sys.modules) - saved_modules:
-        del sys.modules[name]
+    return gpu_script("syscall_filter")
 
 
 GROUPS = {
