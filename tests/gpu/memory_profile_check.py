@@ -14,8 +14,11 @@ with the profile of the chain, which is what vLLM profiles without the change se
 ``profile_step_memory``. What the profile allocated and keeps (the buffer of vLLM's Triton
 top-k/top-p kernel) is held during the step too, so it counts on the step's side.
 
-    python3 tests/gpu/memory_profile_check.py driver /tmp/out [--shape 27b] [--methods ddtree64]
-    # writes /tmp/out/memory_profile_<shape>.json
+    python3 tests/gpu/memory_profile_check.py driver /tmp/out [--shape 27b] [--methods ddtree64] [--dtype float16]
+    # writes /tmp/out/memory_profile_<shape>[_float16].json
+
+In float16 the Qwen3.5/3.6 target keeps its captured hidden states in float32 (Gemma-style norms),
+which the profile counts; ``--dtype float16`` checks that.
 
 Each engine runs in its own process (``case``), one after the other.
 """
@@ -48,7 +51,7 @@ def kept_by_profile_bytes() -> int:
     return sum(t.numel() * t.element_size() for t in topk_topp_triton._TRITON_BUFFER_CACHE.values())
 
 
-def run_case(method: str, shape: str) -> dict:
+def run_case(method: str, shape: str, dtype: str) -> dict:
     import step_cost
     import torch
     from vllm import LLM, SamplingParams
@@ -72,6 +75,7 @@ def run_case(method: str, shape: str) -> dict:
         enable_prefix_caching=False,
         enforce_eager=True,
         gpu_memory_utilization=MEMORY_UTILIZATION[shape],
+        dtype=dtype,
         speculative_config=spec,
         **kw,
     )
@@ -102,6 +106,7 @@ def run_case(method: str, shape: str) -> dict:
     return {
         "method": method,
         "shape": shape,
+        "dtype": dtype,
         "profile_peak_bytes": profile_bytes,
         "kept_by_profile_bytes": kept_bytes,
         "step_peak_bytes": step_bytes,
@@ -109,10 +114,10 @@ def run_case(method: str, shape: str) -> dict:
     }
 
 
-def summarise(shape: str, rows: dict) -> dict:
+def summarise(shape: str, rows: dict, dtype: str = "bfloat16") -> dict:
     """The figures and the check: the profile that sized the KV cache saw at least what a tree step
     takes beside what the profile left allocated."""
-    summary: dict = {"shape": shape, "batch": BATCH, "budget": BUDGET, "cases": rows}
+    summary: dict = {"shape": shape, "dtype": dtype, "batch": BATCH, "budget": BUDGET, "cases": rows}
     tree, chain = rows.get("ddtree64", {}), rows.get("chain")
     if "error" in tree or not tree:
         return summary
@@ -135,23 +140,24 @@ def summarise(shape: str, rows: dict) -> dict:
     return summary
 
 
-def driver(out: Path, shape: str, methods: list[str]) -> int:
+def driver(out: Path, shape: str, methods: list[str], dtype: str) -> int:
     out.mkdir(parents=True, exist_ok=True)
+    tag = shape if dtype == "bfloat16" else f"{shape}_{dtype}"
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     rows = {}
     for method in methods:
-        dest = out / f"memory_profile_{shape}_{method}.json"
-        log = out / f"memory_profile_{shape}_{method}.log"
+        dest = out / f"memory_profile_{tag}_{method}.json"
+        log = out / f"memory_profile_{tag}_{method}.log"
         with log.open("w") as f:
             rc = subprocess.run(
-                [sys.executable, __file__, "case", method, str(dest), "--shape", shape],
+                [sys.executable, __file__, "case", method, str(dest), "--shape", shape, "--dtype", dtype],
                 stdout=f,
                 stderr=subprocess.STDOUT,
                 env=env,
             ).returncode
         rows[method] = json.loads(dest.read_text()) if rc == 0 and dest.exists() else {"error": f"exit {rc}: see {log}"}
-    summary = summarise(shape, rows)
-    (out / f"memory_profile_{shape}.json").write_text(json.dumps(summary, indent=1))
+    summary = summarise(shape, rows, dtype)
+    (out / f"memory_profile_{tag}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
     return 0 if summary.get("profile_covers_the_tree_step") and summary.get("all_tokens") else 1
 
@@ -162,16 +168,18 @@ def main() -> int:
     s = sub.add_parser("driver")
     s.add_argument("out", type=Path)
     s.add_argument("--shape", choices=sorted(MEMORY_UTILIZATION), default="8b")
+    s.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     s.add_argument("--methods", nargs="+", choices=sorted(CASES), default=list(CASES))
     s = sub.add_parser("case")
     s.add_argument("method", choices=sorted(CASES))
     s.add_argument("dest", type=Path)
     s.add_argument("--shape", choices=sorted(MEMORY_UTILIZATION), default="8b")
+    s.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     a = ap.parse_args()
     if a.cmd == "case":
-        a.dest.write_text(json.dumps(run_case(a.method, a.shape), indent=1))
+        a.dest.write_text(json.dumps(run_case(a.method, a.shape, a.dtype), indent=1))
         return 0
-    return driver(a.out, a.shape, a.methods)
+    return driver(a.out, a.shape, a.methods, a.dtype)
 
 
 if __name__ == "__main__":
