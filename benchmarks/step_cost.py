@@ -214,9 +214,9 @@ def case_timeout_s(shape: str) -> int:
 
 
 def case_env(base: Mapping[str, str]) -> dict[str, str]:
-    """The environment of a case's process: Triton keeps its autotuning results on disk unless told
-    otherwise, so the Gated DeltaNet kernels' autotuning in vLLM's profile run (about 100 s of a
-    cold 27B start) is paid by the first case on a machine, not by every case of a call."""
+    """The environment of a case's process: Triton keeps its autotuning results on disk, for the
+    cases after the first on a machine. (Each 27B case still spent 75-104 s in vLLM's first
+    profiling and warm-up run in one run of four, so ``plan`` counts every case as a cold start.)"""
     return {"TRITON_CACHE_AUTOTUNING": "1", **base}
 
 
