@@ -110,6 +110,15 @@ def qwen3_8b_config() -> dict[str, Any]:
     }
 
 
+def shape_engine_args(shape: str) -> dict[str, Any]:
+    """What a shape's target needs from vLLM: Qwen3.5/3.6 load the language model only (no vision
+    tower) and prefill the Gated DeltaNet layers with the Triton kernel (the default imports
+    flashinfer)."""
+    if not SHAPES[shape].hybrid:
+        return {}
+    return {"language_model_only": True, "additional_config": {"gdn_prefill_backend": "triton"}}
+
+
 def target_config(shape: str) -> dict[str, Any]:
     if shape == "8b":
         return qwen3_8b_config()
@@ -387,9 +396,7 @@ def run_case(
         gpu_memory_utilization=0.9,
         disable_log_stats=False,
     )
-    if SHAPES[shape].hybrid:
-        kw["language_model_only"] = True
-        kw["additional_config"] = {"gdn_prefill_backend": "triton"}
+    kw.update(shape_engine_args(shape))
     budget = METHODS[method]
     kw["compilation_config"] = compilation_config(budget, tokens_per_step)
     kw.update(ENGINE_ARGS.get(method, {}))

@@ -62,9 +62,6 @@ def run_case(method: str, shape: str, dtype: str) -> dict:
     spec: dict = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": step_cost.DEPTH}
     if CASES[method]:
         spec.update(method="ddtree", ddtree_budget=CASES[method])
-    kw: dict = {}
-    if step_cost.SHAPES[shape].hybrid:
-        kw.update(language_model_only=True, additional_config={"gdn_prefill_backend": "triton"})
     llm = LLM(
         model=str(target),
         load_format="dummy",
@@ -77,7 +74,7 @@ def run_case(method: str, shape: str, dtype: str) -> dict:
         gpu_memory_utilization=MEMORY_UTILIZATION[shape],
         dtype=dtype,
         speculative_config=spec,
-        **kw,
+        **step_cost.shape_engine_args(shape),
     )
 
     def profiled(worker):
@@ -167,14 +164,13 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("driver")
     s.add_argument("out", type=Path)
-    s.add_argument("--shape", choices=sorted(MEMORY_UTILIZATION), default="8b")
-    s.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     s.add_argument("--methods", nargs="+", choices=sorted(CASES), default=list(CASES))
     s = sub.add_parser("case")
     s.add_argument("method", choices=sorted(CASES))
     s.add_argument("dest", type=Path)
-    s.add_argument("--shape", choices=sorted(MEMORY_UTILIZATION), default="8b")
-    s.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    for s in sub.choices.values():
+        s.add_argument("--shape", choices=sorted(MEMORY_UTILIZATION), default="8b")
+        s.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     a = ap.parse_args()
     if a.cmd == "case":
         a.dest.write_text(json.dumps(run_case(a.method, a.shape, a.dtype), indent=1))

@@ -193,3 +193,11 @@ def test_a_pair_that_is_not_a_measured_batch_and_context_is_named(bench, text):
 def test_cases_keep_tritons_autotuning_on_disk_unless_the_caller_says_otherwise(bench):
     assert bench.case_env({"PATH": "/usr/bin"}) == {"PATH": "/usr/bin", "TRITON_CACHE_AUTOTUNING": "1"}
     assert bench.case_env({"TRITON_CACHE_AUTOTUNING": "0"}) == {"TRITON_CACHE_AUTOTUNING": "0"}
+
+
+def test_only_the_hybrid_target_loads_its_language_model_alone_with_the_triton_gdn_prefill(bench):
+    assert bench.shape_engine_args("8b") == {}
+    assert bench.shape_engine_args("27b") == {
+        "language_model_only": True,
+        "additional_config": {"gdn_prefill_backend": "triton"},
+    }
