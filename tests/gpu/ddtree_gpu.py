@@ -21,6 +21,8 @@ Sub-commands:
                           batch-4 run; writes token ids, spec-decode counters and timings.
   driver MODELS OUT       every run of the proof (identity in bf16 and fp16, sampled, CUDA-graph speed),
                           then OUT/summary.json (lossless checks, mean acceptance lengths, tokens/s).
+  summarise OUT           rebuild OUT/summary.json from the runs' NAME.json and NAME.log a driver left
+                          in OUT (when the driver was stopped, or only the runs' files were kept).
 
 The tree build + walk benchmark is benchmarks/ddtree_tree_bench.py; the service_swap unit's GPU
 check is tests/gpu/serve_check.py.
@@ -712,16 +714,26 @@ def cmd_driver(
             except subprocess.TimeoutExpired:
                 p.kill()
             log.close()
-            lines = Path(log.name).read_text(errors="replace").splitlines()
-            keys = ("DDTree", "Error", "refused", "backend")
-            notes = [ln[-300:] for ln in lines if any(w in ln for w in keys)]
-            if os.path.exists(res):
-                with open(res) as f:
-                    results[name] = json.load(f)
-                results[name]["log_notes"] = notes[:25]
-            else:
-                tail = Path(log.name).read_text()[-4000:]
-                results[name] = {"error": f"rc={p.returncode}", "log_tail": tail}
+            results[name] = read_run(Path(res), Path(log.name), p.returncode)
+    return write_summary(out, summarise(results, round(time.time() - t_start, 1)))
+
+
+def read_run(res: Path, log: Path, returncode: int | None) -> dict:
+    """One run's result as the summary takes it: its JSON with the log's notable lines, or the log's tail."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    if not res.exists():
+        return {"error": f"rc={returncode}", "log_tail": text[-4000:]}
+    try:
+        result = json.loads(res.read_text())
+    except ValueError as e:
+        return {"error": f"{res} is not a whole JSON result ({e}): run it again", "log_tail": text[-4000:]}
+    keys = ("DDTree", "Error", "refused", "backend")
+    result["log_notes"] = [ln[-300:] for ln in text.splitlines() if any(w in ln for w in keys)][:25]
+    return result
+
+
+def summarise(results: dict, wall_s: float | None) -> dict:
+    """The proof's verdicts from every run's result (read_run): lossless checks, acceptance, tokens/s, refusals."""
     summary: dict = {"runs": {}, "lossless": {}, "acceptance": {}, "tokens_per_s": {}, "refusals": {}}
     for name, r in results.items():
         summary["runs"][name] = {k: v for k, v in r.items() if k not in ("batch1", "batch4", "allowed_batch4")}
@@ -758,7 +770,11 @@ def cmd_driver(
             if name.startswith("perf_")
         }
     summary["token_ids"] = {n: {"batch4": r.get("batch4")} for n, r in results.items() if "batch4" in r}
-    summary["wall_s"] = round(time.time() - t_start, 1)
+    summary["wall_s"] = wall_s
+    return summary
+
+
+def write_summary(out: str, summary: dict) -> int:
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1, default=str)
     print(json.dumps({k: v for k, v in summary.items() if k != "token_ids" and k != "runs"}, indent=1))
@@ -766,6 +782,19 @@ def cmd_driver(
         if "error" in r:
             print("ERROR", name, r.get("error"), (r.get("log_tail") or "")[-1500:])
     return 0
+
+
+def cmd_summarise(out: str) -> int:
+    """Rebuild OUT/summary.json from the runs' files a driver left there (one NAME.json + NAME.log each)."""
+    runs = sorted(
+        ({f.stem for f in Path(out).glob("*.log")} | {f.stem for f in Path(out).glob("*.json")}) - {"summary"}
+    )
+    if not runs:
+        print(f"{out} holds no run's NAME.json or NAME.log: give the driver's OUT folder", file=sys.stderr)
+        return 2
+    return write_summary(
+        out, summarise({n: read_run(Path(out, f"{n}.json"), Path(out, f"{n}.log"), None) for n in runs}, None)
+    )
 
 
 def main() -> int:
@@ -798,6 +827,8 @@ def main() -> int:
     s.add_argument("--budget-s", type=float, default=480)
     s.add_argument("--one-wave", action="store_true", help="run the selected runs all at once")
     s.add_argument("--set", dest="runs_set", default="attention", help="attention, hybrid-base or hybrid")
+    s = sub.add_parser("summarise")
+    s.add_argument("out")
     a = ap.parse_args()
     try:
         if a.cmd == "apply":
@@ -808,6 +839,8 @@ def main() -> int:
             return cmd_make_hybrid(a.dir)
         if a.cmd == "gen":
             return cmd_gen(a)
+        if a.cmd == "summarise":
+            return cmd_summarise(a.out)
         return cmd_driver(a.models, a.out, a.only, a.budget_s, a.one_wave, a.runs_set)
     except Exception:
         traceback.print_exc()
