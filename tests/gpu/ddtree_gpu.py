@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -480,6 +481,11 @@ REFUSAL_PROBES = {
 }
 
 
+def _top2(output) -> list[list[list[float]]]:
+    """Per generated position, the two best [token, logit] pairs, best first (logprobs_mode raw_logits)."""
+    return [sorted(([t, lp.logprob] for t, lp in step.items()), key=lambda x: -x[1])[:2] for step in output.logprobs]
+
+
 def cmd_gen(a: argparse.Namespace) -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -522,6 +528,9 @@ def cmd_gen(a: argparse.Namespace) -> int:
         kw["attention_backend"] = a.backend
     if a.sync_scheduling:
         kw["async_scheduling"] = False
+    if a.top2:
+        # Logprobs as the model's own logits (float32 of their dtype's values), before any processing.
+        kw["logprobs_mode"] = "raw_logits"
     t0 = time.time()
     llm = LLM(**kw)
     init_s = time.time() - t0
@@ -536,18 +545,22 @@ def cmd_gen(a: argparse.Namespace) -> int:
             seed=None,
         )
     else:
-        sp = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True, detokenize=False)
+        top2 = 2 if a.top2 else None
+        sp = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True, detokenize=False, logprobs=top2)
     ps = [TokensPrompt(prompt_token_ids=p) for p in prompts(os.path.dirname(a.model.rstrip("/")))]
     # warm-up (not counted)
     llm.generate(ps[:1], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, detokenize=False))
     m0 = _metrics(llm)
     t = time.time()
-    b1 = [list(llm.generate([p], sp)[0].outputs[0].token_ids) for p in ps]
+    o1 = [llm.generate([p], sp)[0].outputs[0] for p in ps]
     b1_s = time.time() - t
     m1 = _metrics(llm)
     t = time.time()
-    b4 = [list(o.outputs[0].token_ids) for o in llm.generate(ps, sp)]
+    o4 = [o.outputs[0] for o in llm.generate(ps, sp)]
     b4_s = time.time() - t
+    b1, b4 = [list(o.token_ids) for o in o1], [list(o.token_ids) for o in o4]
+    if a.top2:
+        res["top2_batch1"], res["top2_batch4"] = [_top2(o) for o in o1], [_top2(o) for o in o4]
     m2 = _metrics(llm)
     d1, d4 = _delta(m1, m0), _delta(m2, m1)
     # allowed_token_ids (every second token the greedy runs produced): DDTree must choose as the
@@ -590,8 +603,8 @@ def cmd_gen(a: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------
 IDENTITY = {
-    "target_fa": [],
-    "target_tree_attn": ["--backend", "TREE_ATTN"],
+    "target_fa": ["--top2"],
+    "target_tree_attn": ["--backend", "TREE_ATTN", "--top2"],
     "chain_k7": ["--method", "dflash"],
     "ddtree_b7": ["--method", "ddtree", "--budget", "7"],
     "ddtree_b16": ["--method", "ddtree", "--budget", "16"],
@@ -616,7 +629,7 @@ RUNS = {
 # alone, and the chain with the sliding-window drafter as trained and with its all-full twin.
 # "ddtree" adds DDTree at budgets of the depth, twice and four times the depth.
 HY_IDENTITY = {
-    "target": [],
+    "target": ["--top2"],
     "chain_sliding": ["--method", "dflash"],
     "chain_full": ["--method", "dflash", "--drafter-name", "drafter_full"],
 }
@@ -670,13 +683,68 @@ def _first_diff(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def compare(ref: dict, run: dict) -> dict:
+MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
+
+
+def dtype_step(x: float, dtype: str) -> float:
+    """The spacing of the dtype's values at |x|: the finest difference two logits of that size can have."""
+    _, exp = math.frexp(abs(x))  # |x| = m * 2**exp with 0.5 <= m < 1
+    return math.ldexp(1.0, exp - 1 - MANTISSA_BITS[dtype])
+
+
+def _gap_in_steps(top2: list[list[float]], dtype: str) -> float:
+    (_, l1), (_, l2) = top2
+    return (l1 - l2) / dtype_step(max(abs(l1), abs(l2)), dtype)
+
+
+def kernel_noise(a: dict, b: dict, dtype: str) -> float:
+    """How far two correct kernels (the target alone on two attention backends) disagree on the gap
+    between the target's two best logits, in steps of the dtype: the largest difference over every
+    position both reached by the same path. 0.0 where they recorded no logits."""
+    noise = 0.0
+    for key in ("top2_batch1", "top2_batch4"):
+        tokens = key.removeprefix("top2_")
+        for i, (sa, sb) in enumerate(zip(a.get(key, []), b.get(key, []), strict=False)):
+            same = _first_diff(a[tokens][i], b[tokens][i])
+            for x, y in list(zip(sa, sb, strict=False))[:same]:
+                noise = max(noise, abs(_gap_in_steps(x, dtype) - _gap_in_steps(y, dtype)))
+    return noise
+
+
+def divergence(top2: list[list[float]], run_token: int, dtype: str, noise: float) -> dict:
+    """A run's token where the target alone chose another: a near-tie only if the run took the other of
+    the target's two best tokens and their logits are no further apart than rounding moves them
+    (`noise` steps of the dtype, at least one: closer, their order is the rounding's)."""
+    steps = _gap_in_steps(top2, dtype)
+    return {
+        "target_top2": top2,
+        "run_token": run_token,
+        "gap_in_dtype_steps": round(steps, 3),
+        "near_tie": run_token in (top2[0][0], top2[1][0]) and steps <= max(1.0, noise),
+    }
+
+
+def compare(ref: dict, run: dict, noise: float = 0.0) -> dict:
+    """Token ids of a run against the target alone's; where the target recorded its two best logits
+    (--top2), each first divergence says whether it fell on a near-tie (see divergence)."""
     out = {}
+    dtype = str(ref.get("kwargs", {}).get("dtype", ""))
     for key in ("batch1", "batch4", "allowed_batch4"):
         if key == "allowed_batch4" and not (key in ref and key in run):
             continue
         diffs = [_first_diff(x, y) for x, y in zip(ref[key], run[key], strict=False)]
         out[key] = {"identical": all(d is None for d in diffs), "first_divergence": diffs}
+        top2 = ref.get(f"top2_{key}")
+        if top2 is None or dtype not in MANTISSA_BITS or out[key]["identical"]:
+            continue
+        found = {}
+        for i, d in enumerate(diffs):
+            if d is not None:
+                steps, tokens = top2[i], run[key][i]
+                found[i] = divergence(steps[d], tokens[d], dtype, noise) if d < min(len(steps), len(tokens)) else None
+        out[key]["divergences"] = found
+        # Lossless where the target's choice is clear: every divergence a near-tie.
+        out[key]["only_near_ties"] = all(v is not None and v["near_tie"] for v in found.values())
     return out
 
 
@@ -741,12 +809,16 @@ def summarise(results: dict, wall_s: float | None) -> dict:
             summary["refusals"][name] = refusals_as_expected("ddtree" in name, r["refused"])
     for dt in ("bf16", "fp16"):
         fa, ta = results.get(f"target_fa_{dt}", {}), results.get(f"target_tree_attn_{dt}", {})
+        noise = 0.0
+        if "top2_batch4" in fa and "top2_batch4" in ta:
+            noise = kernel_noise(fa, ta, str(fa["kwargs"]["dtype"]))
+            summary.setdefault("kernel_noise_in_dtype_steps", {})[dt] = noise
         for name in IDENTITY:
             r = results.get(f"{name}_{dt}", {})
             if name != "target_fa" and "batch4" in r and "batch4" in fa:
-                summary["lossless"][f"{name}_{dt}_vs_target_fa_{dt}"] = compare(fa, r)
+                summary["lossless"][f"{name}_{dt}_vs_target_fa_{dt}"] = compare(fa, r, noise)
             if name.startswith("ddtree") and "batch4" in r and "batch4" in ta:
-                summary["lossless"][f"{name}_{dt}_vs_target_tree_attn_{dt}"] = compare(ta, r)
+                summary["lossless"][f"{name}_{dt}_vs_target_tree_attn_{dt}"] = compare(ta, r, noise)
     for name, r in results.items():
         # Hybrid runs: each against the target alone of the same dtype and graph mode.
         if not name.startswith("hy_") or name.startswith("hy_target") or "sampled" in name:
@@ -820,6 +892,7 @@ def main() -> int:
     s.add_argument("--sync-scheduling", action="store_true", help="schedule synchronously (default: async)")
     s.add_argument("--hybrid", action="store_true", help="the target is a Qwen3.5/3.6 hybrid")
     s.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    s.add_argument("--top2", action="store_true", help="the target alone: record its two best logits at every step")
     s = sub.add_parser("driver")
     s.add_argument("models")
     s.add_argument("out")
@@ -838,6 +911,8 @@ def main() -> int:
         if a.cmd == "make-hybrid":
             return cmd_make_hybrid(a.dir)
         if a.cmd == "gen":
+            if a.top2 and (a.method or a.temperature > 0):
+                raise SystemExit("--top2 records the target alone's greedy logits: drop --method and --temperature")
             return cmd_gen(a)
         if a.cmd == "summarise":
             return cmd_summarise(a.out)

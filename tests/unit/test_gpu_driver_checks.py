@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -67,3 +68,93 @@ def test_summarise_refuses_a_folder_without_runs(ddtree_gpu, tmp_path, capsys):
     assert ddtree_gpu.cmd_summarise(str(tmp_path)) == 2
     assert "holds no run's" in capsys.readouterr().err
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_dtype_step_is_the_spacing_of_the_dtypes_values(ddtree_gpu):
+    assert ddtree_gpu.dtype_step(30.0, "bfloat16") == 0.125  # [16, 32): 2**4 / 2**7
+    assert ddtree_gpu.dtype_step(-32.0, "bfloat16") == 0.25
+    assert ddtree_gpu.dtype_step(30.0, "float16") == 2**-6
+    assert ddtree_gpu.dtype_step(1.0, "float32") == 2**-23
+
+
+def _target(top2_at_divergence: list[list[float]]) -> dict:
+    tokens = [[39, 1, 39, 1, 39]]
+    steps = [[[39, 31.0], [1, 30.0]]] * 5
+    steps = [*steps[:4], top2_at_divergence]
+    return {"kwargs": {"dtype": "bfloat16"}, "batch1": tokens, "batch4": tokens, "top2_batch4": [steps]}
+
+
+@pytest.mark.parametrize(
+    ("top2", "run_token", "near_tie"),
+    [
+        ([[39, 30.125], [1, 30.125]], 1, True),  # equal in bf16: the order is the rounding's
+        ([[39, 30.25], [1, 30.125]], 1, True),  # adjacent bf16 values
+        ([[39, 30.5], [1, 30.125]], 1, False),  # three steps apart: a clear choice, so a real divergence
+        ([[39, 30.125], [1, 30.125]], 7, False),  # a tie between 39 and 1 excuses neither choosing 7
+    ],
+)
+def test_a_divergence_is_excused_only_at_a_near_tie_of_the_dtype(ddtree_gpu, top2, run_token, near_tie):
+    ref = _target(top2)
+    run = {"batch1": ref["batch1"], "batch4": [[39, 1, 39, 1, run_token]]}
+    verdict = ddtree_gpu.compare(ref, run)
+    assert verdict["batch1"] == {"identical": True, "first_divergence": [None]}
+    b4 = verdict["batch4"]
+    assert b4["identical"] is False and b4["first_divergence"] == [4]
+    assert b4["divergences"][0]["near_tie"] is near_tie
+    assert b4["only_near_ties"] is near_tie
+
+
+def test_without_the_targets_logits_a_divergence_is_only_reported(ddtree_gpu):
+    ref = {k: v for k, v in _target([[39, 30.0], [1, 30.0]]).items() if k != "top2_batch4"}
+    b4 = ddtree_gpu.compare(ref, {"batch1": ref["batch1"], "batch4": [[39, 1, 39, 1, 1]]})["batch4"]
+    assert b4 == {"identical": False, "first_divergence": [4]}
+
+
+def test_top2_reads_the_two_best_logits_of_each_step(ddtree_gpu):
+    lp = SimpleNamespace
+    steps = [
+        {39: lp(logprob=30.25), 1: lp(logprob=30.5)},
+        {1: lp(logprob=2.0), 39: lp(logprob=1.0), 7: lp(logprob=0.5)},
+    ]
+    assert ddtree_gpu._top2(SimpleNamespace(logprobs=steps)) == [[[1, 30.5], [39, 30.25]], [[1, 2.0], [39, 1.0]]]
+
+
+def test_top2_is_refused_where_there_are_no_greedy_target_logits(ddtree_gpu, monkeypatch):
+    monkeypatch.setattr(
+        "sys.argv", ["ddtree_gpu.py", "gen", "--result", "r", "--model", "m", "--method", "ddtree", "--top2"]
+    )
+    with pytest.raises(SystemExit, match="drop --method"):
+        ddtree_gpu.main()
+
+
+def test_kernel_noise_is_the_largest_gap_disagreement_of_two_target_backends(ddtree_gpu):
+    fa = {"batch1": [[39, 1]], "batch4": [[39, 1]], "top2_batch1": [[[[39, 0.5390625], [1, 0.53125]]] * 2]}
+    fa["top2_batch4"] = fa["top2_batch1"]
+    # TREE_ATTN sees the same first step three bf16 steps (2**-8 at 0.5) further apart.
+    ta = {**fa, "top2_batch4": [[[[39, 0.55078125], [1, 0.53125]], [[39, 0.5390625], [1, 0.53125]]]]}
+    assert ddtree_gpu.kernel_noise(fa, ta, "bfloat16") == 3.0
+    # Past the point where the two backends' paths part, their logits say nothing of rounding.
+    parted = {**ta, "batch4": [[1, 1]]}
+    assert ddtree_gpu.kernel_noise(fa, parted, "bfloat16") == 0.0
+    assert ddtree_gpu.kernel_noise(fa, {"batch1": [], "batch4": []}, "bfloat16") == 0.0
+
+
+@pytest.mark.parametrize(("noise", "near_tie"), [(3.0, True), (2.0, True), (1.5, False), (0.0, False)])
+def test_a_two_step_gap_is_a_near_tie_only_where_the_kernels_disagree_that_much(ddtree_gpu, noise, near_tie):
+    ref = _target([[39, 0.5390625], [1, 0.53125]])  # two bf16 steps apart
+    run = {"batch1": ref["batch1"], "batch4": [[39, 1, 39, 1, 1]]}
+    assert ddtree_gpu.compare(ref, run, noise)["batch4"]["only_near_ties"] is near_tie
+
+
+def test_summarise_judges_a_runs_divergence_by_the_noise_of_the_same_run(ddtree_gpu):
+    fa = _target([[39, 0.5390625], [1, 0.53125]])  # two bf16 steps apart where DDTree departs
+    fa["top2_batch1"] = fa["top2_batch4"]
+    # TREE_ATTN puts the same two logits five steps apart there: the backends disagree by three.
+    steps = [*fa["top2_batch4"][0][:4], [[39, 0.55078125], [1, 0.53125]]]
+    ta = {**fa, "top2_batch4": [steps]}
+    tree = {"batch1": fa["batch1"], "batch4": [[39, 1, 39, 1, 1]]}
+    summary = ddtree_gpu.summarise({"target_fa_bf16": fa, "target_tree_attn_bf16": ta, "ddtree_b16_bf16": tree}, 1.0)
+    assert summary["kernel_noise_in_dtype_steps"] == {"bf16": 3.0}
+    assert summary["lossless"]["ddtree_b16_bf16_vs_target_fa_bf16"]["batch4"]["only_near_ties"] is True
+    # Against TREE_ATTN's target, whose two logits there are five steps apart, it is a real departure.
+    assert summary["lossless"]["ddtree_b16_bf16_vs_target_tree_attn_bf16"]["batch4"]["only_near_ties"] is False
