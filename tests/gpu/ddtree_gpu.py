@@ -482,8 +482,12 @@ REFUSAL_PROBES = {
 
 
 def _top2(output) -> list[list[list[float]]]:
-    """Per generated position, the two best [token, logit] pairs, best first (logprobs_mode raw_logits)."""
-    return [sorted(([t, lp.logprob] for t, lp in step.items()), key=lambda x: -x[1])[:2] for step in output.logprobs]
+    """Per generated position, the two best [token, logit] pairs (logprobs_mode raw_logits), the token
+    the target chose first (on equal logits too)."""
+    return [
+        sorted(([t, lp.logprob] for t, lp in step.items()), key=lambda x: (-x[1], x[0] != chosen))[:2]
+        for step, chosen in zip(output.logprobs, output.token_ids, strict=True)
+    ]
 
 
 def cmd_gen(a: argparse.Namespace) -> int:
@@ -692,41 +696,50 @@ def dtype_step(x: float, dtype: str) -> float:
     return math.ldexp(1.0, exp - 1 - MANTISSA_BITS[dtype])
 
 
-def _gap_in_steps(top2: list[list[float]], dtype: str) -> float:
-    (_, l1), (_, l2) = top2
-    return (l1 - l2) / dtype_step(max(abs(l1), abs(l2)), dtype)
+def _gap(top2: list[list[float]], first: int, second: int) -> float | None:
+    """logit(first) - logit(second) when those are the step's two best tokens, else None."""
+    logits = {int(t): v for t, v in top2}
+    return logits[first] - logits[second] if set(logits) == {first, second} else None
 
 
-def kernel_noise(a: dict, b: dict, dtype: str) -> float:
-    """How far two correct kernels (the target alone on two attention backends) disagree on the gap
-    between the target's two best logits, in steps of the dtype: the largest difference over every
-    position both reached by the same path. 0.0 where they recorded no logits."""
+def kernel_noise(a: dict, b: dict) -> float:
+    """How far two correct kernels (the target alone on two attention backends) move the gap between
+    the target's two best logits: the largest absolute difference, over every position both computed
+    from the same tokens (up to and including the first where their choices part). 0.0 where they
+    recorded no logits."""
     noise = 0.0
-    for key in ("top2_batch1", "top2_batch4"):
-        tokens = key.removeprefix("top2_")
-        for i, (sa, sb) in enumerate(zip(a.get(key, []), b.get(key, []), strict=False)):
-            same = _first_diff(a[tokens][i], b[tokens][i])
-            for x, y in list(zip(sa, sb, strict=False))[:same]:
-                noise = max(noise, abs(_gap_in_steps(x, dtype) - _gap_in_steps(y, dtype)))
+    for key in ("batch1", "batch4"):
+        for i, (sa, sb) in enumerate(zip(a.get(f"top2_{key}", []), b.get(f"top2_{key}", []), strict=False)):
+            parted = _first_diff(a[key][i], b[key][i])
+            for x, y in list(zip(sa, sb, strict=False))[: None if parted is None else parted + 1]:
+                first, second = int(x[0][0]), int(x[1][0])
+                gb = _gap(y, first, second)
+                if gb is not None:
+                    noise = max(noise, abs(x[0][1] - x[1][1] - gb))
     return noise
 
 
-def divergence(top2: list[list[float]], run_token: int, dtype: str, noise: float) -> dict:
-    """A run's token where the target alone chose another: a near-tie only if the run took the other of
-    the target's two best tokens and their logits are no further apart than rounding moves them
-    (`noise` steps of the dtype, at least one: closer, their order is the rounding's)."""
-    steps = _gap_in_steps(top2, dtype)
+def divergence(top2: list[list[float]], target_token: int, run_token: int, dtype: str, noise: float) -> dict:
+    """A run's token where the target alone chose another: a near-tie only if the two tokens are the
+    target's two best and their logits are no further apart than rounding moves them (`noise`, the
+    target's own two kernels' largest disagreement, and at least one step of the dtype there)."""
+    gap = _gap(top2, target_token, run_token)
+    if gap is None:
+        return {"target_top2": top2, "run_token": run_token, "near_tie": False, "why": "not the target's two best"}
+    step = dtype_step(max(abs(v) for _, v in top2), dtype)
     return {
         "target_top2": top2,
         "run_token": run_token,
-        "gap_in_dtype_steps": round(steps, 3),
-        "near_tie": run_token in (top2[0][0], top2[1][0]) and steps <= max(1.0, noise),
+        "gap": gap,
+        "gap_in_dtype_steps": round(gap / step, 3),
+        "near_tie": gap <= max(step, noise),
     }
 
 
 def compare(ref: dict, run: dict, noise: float = 0.0) -> dict:
     """Token ids of a run against the target alone's; where the target recorded its two best logits
-    (--top2), each first divergence says whether it fell on a near-tie (see divergence)."""
+    (--top2), each prompt's first divergence says whether it fell on a near-tie (see divergence).
+    After a departure the two continue from different text: the rest of that prompt is not compared."""
     out = {}
     dtype = str(ref.get("kwargs", {}).get("dtype", ""))
     for key in ("batch1", "batch4", "allowed_batch4"):
@@ -737,14 +750,17 @@ def compare(ref: dict, run: dict, noise: float = 0.0) -> dict:
         top2 = ref.get(f"top2_{key}")
         if top2 is None or dtype not in MANTISSA_BITS or out[key]["identical"]:
             continue
-        found = {}
+        found: list[dict | None] = []
         for i, d in enumerate(diffs):
-            if d is not None:
-                steps, tokens = top2[i], run[key][i]
-                found[i] = divergence(steps[d], tokens[d], dtype, noise) if d < min(len(steps), len(tokens)) else None
+            if d is None:
+                found.append(None)
+            elif d < min(len(top2[i]), len(run[key][i])):
+                found.append(divergence(top2[i][d], ref[key][i][d], run[key][i][d], dtype, noise))
+            else:
+                found.append({"near_tie": False, "why": "one of the two stopped early"})
         out[key]["divergences"] = found
         # Lossless where the target's choice is clear: every divergence a near-tie.
-        out[key]["only_near_ties"] = all(v is not None and v["near_tie"] for v in found.values())
+        out[key]["only_near_ties"] = all(v["near_tie"] for v in found if v is not None)
     return out
 
 
@@ -811,8 +827,8 @@ def summarise(results: dict, wall_s: float | None) -> dict:
         fa, ta = results.get(f"target_fa_{dt}", {}), results.get(f"target_tree_attn_{dt}", {})
         noise = 0.0
         if "top2_batch4" in fa and "top2_batch4" in ta:
-            noise = kernel_noise(fa, ta, str(fa["kwargs"]["dtype"]))
-            summary.setdefault("kernel_noise_in_dtype_steps", {})[dt] = noise
+            noise = kernel_noise(fa, ta)
+            summary.setdefault("kernel_noise", {})[dt] = noise
         for name in IDENTITY:
             r = results.get(f"{name}_{dt}", {})
             if name != "target_fa" and "batch4" in r and "batch4" in fa:
@@ -858,11 +874,9 @@ def write_summary(out: str, summary: dict) -> int:
 
 def cmd_summarise(out: str) -> int:
     """Rebuild OUT/summary.json from the runs' files a driver left there (one NAME.json + NAME.log each)."""
-    runs = sorted(
-        ({f.stem for f in Path(out).glob("*.log")} | {f.stem for f in Path(out).glob("*.json")}) - {"summary"}
-    )
+    runs = sorted(f.stem for f in Path(out).glob("*.log"))  # every run writes its log from the start
     if not runs:
-        print(f"{out} holds no run's NAME.json or NAME.log: give the driver's OUT folder", file=sys.stderr)
+        print(f"{out} holds no run's NAME.log: give the driver's OUT folder", file=sys.stderr)
         return 2
     return write_summary(
         out, summarise({n: read_run(Path(out, f"{n}.json"), Path(out, f"{n}.log"), None) for n in runs}, None)

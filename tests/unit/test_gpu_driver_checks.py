@@ -73,39 +73,64 @@ def test_summarise_refuses_a_folder_without_runs(ddtree_gpu, tmp_path, capsys):
 def test_dtype_step_is_the_spacing_of_the_dtypes_values(ddtree_gpu):
     assert ddtree_gpu.dtype_step(30.0, "bfloat16") == 0.125  # [16, 32): 2**4 / 2**7
     assert ddtree_gpu.dtype_step(-32.0, "bfloat16") == 0.25
+    assert ddtree_gpu.dtype_step(0.53, "bfloat16") == 2**-8
     assert ddtree_gpu.dtype_step(30.0, "float16") == 2**-6
     assert ddtree_gpu.dtype_step(1.0, "float32") == 2**-23
 
 
+STEP = 2**-8  # one bf16 step at the logits below (0.5-1)
+
+
 def _target(top2_at_divergence: list[list[float]]) -> dict:
+    """The target alone: five tokens, its two best logits at each; the fifth is where a run departs."""
     tokens = [[39, 1, 39, 1, 39]]
-    steps = [[[39, 31.0], [1, 30.0]]] * 5
-    steps = [*steps[:4], top2_at_divergence]
-    return {"kwargs": {"dtype": "bfloat16"}, "batch1": tokens, "batch4": tokens, "top2_batch4": [steps]}
+    steps = [[[t, 0.75], [40 - t, 0.5]] for t in tokens[0][:4]]
+    return {
+        "kwargs": {"dtype": "bfloat16"},
+        "batch1": tokens,
+        "batch4": tokens,
+        "top2_batch4": [[*steps, top2_at_divergence]],
+    }
+
+
+def _departs(ddtree_gpu, ref: dict, run_token: int, noise: float = 0.0) -> dict:
+    verdict = ddtree_gpu.compare(ref, {"batch1": ref["batch1"], "batch4": [[39, 1, 39, 1, run_token]]}, noise)
+    assert verdict["batch1"] == {"identical": True, "first_divergence": [None]}
+    assert verdict["batch4"]["first_divergence"] == [4]
+    return verdict["batch4"]
 
 
 @pytest.mark.parametrize(
     ("top2", "run_token", "near_tie"),
     [
-        ([[39, 30.125], [1, 30.125]], 1, True),  # equal in bf16: the order is the rounding's
-        ([[39, 30.25], [1, 30.125]], 1, True),  # adjacent bf16 values
-        ([[39, 30.5], [1, 30.125]], 1, False),  # three steps apart: a clear choice, so a real divergence
-        ([[39, 30.125], [1, 30.125]], 7, False),  # a tie between 39 and 1 excuses neither choosing 7
+        ([[39, 0.53125], [1, 0.53125]], 1, True),  # equal in bf16: the order is the rounding's
+        ([[39, 0.53125 + STEP], [1, 0.53125]], 1, True),  # adjacent bf16 values
+        ([[39, 0.53125 + 3 * STEP], [1, 0.53125]], 1, False),  # three steps: a clear choice, a real departure
+        ([[39, 0.53125], [1, 0.53125]], 7, False),  # a tie between 39 and 1 excuses neither choosing 7
+        ([[7, 0.53125], [1, 0.53125]], 1, False),  # the target's own token is not among the two: bad data
     ],
 )
 def test_a_divergence_is_excused_only_at_a_near_tie_of_the_dtype(ddtree_gpu, top2, run_token, near_tie):
-    ref = _target(top2)
-    run = {"batch1": ref["batch1"], "batch4": [[39, 1, 39, 1, run_token]]}
-    verdict = ddtree_gpu.compare(ref, run)
-    assert verdict["batch1"] == {"identical": True, "first_divergence": [None]}
-    b4 = verdict["batch4"]
-    assert b4["identical"] is False and b4["first_divergence"] == [4]
+    b4 = _departs(ddtree_gpu, _target(top2), run_token)
+    assert b4["identical"] is False
     assert b4["divergences"][0]["near_tie"] is near_tie
     assert b4["only_near_ties"] is near_tie
 
 
+def test_divergences_are_listed_per_prompt_and_survive_json(ddtree_gpu):
+    ref = _target([[39, 0.53125], [1, 0.53125]])
+    ref = {**ref, "batch4": ref["batch4"] * 2, "top2_batch4": ref["top2_batch4"] * 2}
+    run = {"batch1": ref["batch1"], "batch4": [ref["batch4"][0], [39, 1, 39, 1, 1]]}
+    b4 = json.loads(json.dumps(ddtree_gpu.compare(ref, run)))["batch4"]
+    assert b4["divergences"][0] is None and b4["divergences"][1]["near_tie"] is True
+    short = {"batch1": ref["batch1"], "batch4": [ref["batch4"][0], [39, 1, 39, 1]]}  # stopped a token early
+    b4 = ddtree_gpu.compare(ref, short)["batch4"]
+    assert b4["divergences"][1] == {"near_tie": False, "why": "one of the two stopped early"}
+    assert b4["only_near_ties"] is False
+
+
 def test_without_the_targets_logits_a_divergence_is_only_reported(ddtree_gpu):
-    ref = {k: v for k, v in _target([[39, 30.0], [1, 30.0]]).items() if k != "top2_batch4"}
+    ref = {k: v for k, v in _target([[39, 0.5], [1, 0.5]]).items() if k != "top2_batch4"}
     b4 = ddtree_gpu.compare(ref, {"batch1": ref["batch1"], "batch4": [[39, 1, 39, 1, 1]]})["batch4"]
     assert b4 == {"identical": False, "first_divergence": [4]}
 
@@ -116,7 +141,11 @@ def test_top2_reads_the_two_best_logits_of_each_step(ddtree_gpu):
         {39: lp(logprob=30.25), 1: lp(logprob=30.5)},
         {1: lp(logprob=2.0), 39: lp(logprob=1.0), 7: lp(logprob=0.5)},
     ]
-    assert ddtree_gpu._top2(SimpleNamespace(logprobs=steps)) == [[[1, 30.5], [39, 30.25]], [[1, 2.0], [39, 1.0]]]
+    out = SimpleNamespace(logprobs=steps, token_ids=[1, 1])
+    assert ddtree_gpu._top2(out) == [[[1, 30.5], [39, 30.25]], [[1, 2.0], [39, 1.0]]]
+    # Equal logits: the token the target chose comes first, whatever the order vLLM listed them in.
+    tied = SimpleNamespace(logprobs=[{1: lp(logprob=0.5), 39: lp(logprob=0.5)}], token_ids=[39])
+    assert ddtree_gpu._top2(tied) == [[[39, 0.5], [1, 0.5]]]
 
 
 def test_top2_is_refused_where_there_are_no_greedy_target_logits(ddtree_gpu, monkeypatch):
@@ -127,34 +156,41 @@ def test_top2_is_refused_where_there_are_no_greedy_target_logits(ddtree_gpu, mon
         ddtree_gpu.main()
 
 
-def test_kernel_noise_is_the_largest_gap_disagreement_of_two_target_backends(ddtree_gpu):
-    fa = {"batch1": [[39, 1]], "batch4": [[39, 1]], "top2_batch1": [[[[39, 0.5390625], [1, 0.53125]]] * 2]}
-    fa["top2_batch4"] = fa["top2_batch1"]
-    # TREE_ATTN sees the same first step three bf16 steps (2**-8 at 0.5) further apart.
-    ta = {**fa, "top2_batch4": [[[[39, 0.55078125], [1, 0.53125]], [[39, 0.5390625], [1, 0.53125]]]]}
-    assert ddtree_gpu.kernel_noise(fa, ta, "bfloat16") == 3.0
-    # Past the point where the two backends' paths part, their logits say nothing of rounding.
-    parted = {**ta, "batch4": [[1, 1]]}
-    assert ddtree_gpu.kernel_noise(fa, parted, "bfloat16") == 0.0
-    assert ddtree_gpu.kernel_noise(fa, {"batch1": [], "batch4": []}, "bfloat16") == 0.0
+def test_kernel_noise_is_the_largest_move_of_the_gap_between_two_target_backends(ddtree_gpu):
+    fa = _target([[39, 0.53125 + 2 * STEP], [1, 0.53125]])
+    fa["top2_batch1"] = fa["top2_batch4"]
+    # TREE_ATTN puts the fifth step's two logits 5 steps apart (fa: 2): the gap moves by 3 steps.
+    ta = {**fa, "top2_batch4": [[*fa["top2_batch4"][0][:4], [[39, 0.53125 + 5 * STEP], [1, 0.53125]]]]}
+    assert ddtree_gpu.kernel_noise(fa, ta) == 3 * STEP
+    # At the first position where the backends choose differently both still read the same tokens:
+    # it counts, with the gap signed for the first backend's pair (here TREE_ATTN has 1 ahead by a step).
+    parted = {
+        **fa,
+        "batch4": [[39, 1, 39, 1, 1]],
+        "top2_batch4": [[*fa["top2_batch4"][0][:4], [[1, 0.53125 + STEP], [39, 0.53125]]]],
+    }
+    assert ddtree_gpu.kernel_noise(fa, parted) == 3 * STEP
+    # Past that point their logits say nothing of rounding: a sixth step after parting is ignored.
+    longer = {k: [v[0] + [v[0][-1]]] for k, v in fa.items() if k != "kwargs"}
+    later = {k: [v[0] + [v[0][-1]]] for k, v in parted.items() if k != "kwargs"}
+    later["top2_batch4"][0][-1] = [[39, 0.9], [1, 0.1]]
+    assert ddtree_gpu.kernel_noise(longer, later) == 3 * STEP
+    assert ddtree_gpu.kernel_noise(fa, {"batch1": [], "batch4": []}) == 0.0
 
 
-@pytest.mark.parametrize(("noise", "near_tie"), [(3.0, True), (2.0, True), (1.5, False), (0.0, False)])
-def test_a_two_step_gap_is_a_near_tie_only_where_the_kernels_disagree_that_much(ddtree_gpu, noise, near_tie):
-    ref = _target([[39, 0.5390625], [1, 0.53125]])  # two bf16 steps apart
-    run = {"batch1": ref["batch1"], "batch4": [[39, 1, 39, 1, 1]]}
-    assert ddtree_gpu.compare(ref, run, noise)["batch4"]["only_near_ties"] is near_tie
+@pytest.mark.parametrize(("noise", "near_tie"), [(3 * STEP, True), (2 * STEP, True), (1.5 * STEP, False), (0.0, False)])
+def test_a_two_step_gap_is_a_near_tie_only_where_the_kernels_move_it_that_far(ddtree_gpu, noise, near_tie):
+    ref = _target([[39, 0.53125 + 2 * STEP], [1, 0.53125]])
+    assert _departs(ddtree_gpu, ref, 1, noise)["only_near_ties"] is near_tie
 
 
 def test_summarise_judges_a_runs_divergence_by_the_noise_of_the_same_run(ddtree_gpu):
-    fa = _target([[39, 0.5390625], [1, 0.53125]])  # two bf16 steps apart where DDTree departs
+    fa = _target([[39, 0.53125 + 2 * STEP], [1, 0.53125]])  # two bf16 steps apart where DDTree departs
     fa["top2_batch1"] = fa["top2_batch4"]
-    # TREE_ATTN puts the same two logits five steps apart there: the backends disagree by three.
-    steps = [*fa["top2_batch4"][0][:4], [[39, 0.55078125], [1, 0.53125]]]
-    ta = {**fa, "top2_batch4": [steps]}
+    ta = {**fa, "top2_batch4": [[*fa["top2_batch4"][0][:4], [[39, 0.53125 + 5 * STEP], [1, 0.53125]]]]}
     tree = {"batch1": fa["batch1"], "batch4": [[39, 1, 39, 1, 1]]}
     summary = ddtree_gpu.summarise({"target_fa_bf16": fa, "target_tree_attn_bf16": ta, "ddtree_b16_bf16": tree}, 1.0)
-    assert summary["kernel_noise_in_dtype_steps"] == {"bf16": 3.0}
+    assert summary["kernel_noise"] == {"bf16": 3 * STEP}
     assert summary["lossless"]["ddtree_b16_bf16_vs_target_fa_bf16"]["batch4"]["only_near_ties"] is True
     # Against TREE_ATTN's target, whose two logits there are five steps apart, it is a real departure.
     assert summary["lossless"]["ddtree_b16_bf16_vs_target_tree_attn_bf16"]["batch4"]["only_near_ties"] is False
