@@ -28,7 +28,15 @@ def test_every_result_file_is_cited_by_a_doc() -> None:
 
 
 def test_every_result_file_a_doc_names_exists() -> None:
-    # Result files are named for the hardware they ran on (_h200) or the pair they belong to.
-    names = set(re.findall(r"\b([a-z0-9_]*(?:_h200|_pair_[a-z]+)[a-z0-9_]*\.(?:json|txt))\b", docs_text()))
+    text = docs_text()
+    # Result files are named for the hardware they ran on (_h200) or the pair they belong to, and
+    # docs may name any of them by its path; {json,txt} names both files of one result.
+    names = set(re.findall(r"\b([a-z0-9_]*(?:_h200|_pair_[a-z]+)[a-z0-9_]*\.(?:json|txt))\b", text))
+    for path in re.findall(r"tests/gpu/results/([\w./{},-]+)", text):
+        path = path.rstrip(".,")
+        if "{json,txt}" in path:
+            names |= {path.replace("{json,txt}", "json"), path.replace("{json,txt}", "txt")}
+        elif path and "*" not in path:
+            names.add(path)
     assert names
     assert sorted(n for n in names if not (RESULTS / n).exists()) == []
