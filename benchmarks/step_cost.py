@@ -110,13 +110,15 @@ def qwen3_8b_config() -> dict[str, Any]:
     }
 
 
-def shape_engine_args(shape: str) -> dict[str, Any]:
-    """What a shape's target needs from vLLM: Qwen3.5/3.6 load the language model only (no vision
-    tower) and prefill the Gated DeltaNet layers with the Triton kernel (the default imports
-    flashinfer)."""
-    if not SHAPES[shape].hybrid:
-        return {}
+def hybrid_engine_args() -> dict[str, Any]:
+    """What a Qwen3.5/3.6 target needs from vLLM here: the language model only (no vision tower),
+    and the Gated DeltaNet prefill on the Triton kernel (the default imports flashinfer)."""
     return {"language_model_only": True, "additional_config": {"gdn_prefill_backend": "triton"}}
+
+
+def shape_engine_args(shape: str) -> dict[str, Any]:
+    """What a shape's target needs from vLLM (hybrid_engine_args for Qwen3.6-27B)."""
+    return hybrid_engine_args() if SHAPES[shape].hybrid else {}
 
 
 def target_config(shape: str) -> dict[str, Any]:

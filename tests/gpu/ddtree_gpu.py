@@ -51,8 +51,10 @@ HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(REPO / "plugins" / "filter"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 from ddtree_method import ddtree_cudagraph_sizes  # noqa: E402
 from repo_module_utils import use_repo_module_utils  # noqa: E402
+from step_cost import hybrid_engine_args  # noqa: E402
 
 use_repo_module_utils()
 
@@ -517,11 +519,8 @@ def cmd_gen(a: argparse.Namespace) -> int:
     elif a.graphs:
         kw["compilation_config"] = {"max_cudagraph_capture_size": 256}
     if a.hybrid:
-        # Qwen3.5/3.6: the language model only (no vision tower), the GDN prefill on its Triton
-        # kernel (the default imports flashinfer), and no prefix caching with spec decode on hybrids.
-        kw["language_model_only"] = True
-        kw["additional_config"] = {"gdn_prefill_backend": "triton"}
-        kw["enable_prefix_caching"] = False
+        # Qwen3.5/3.6, and no prefix caching with spec decode on hybrids.
+        kw.update(hybrid_engine_args(), enable_prefix_caching=False)
     if a.method:
         drafter = a.drafter or os.path.join(os.path.dirname(a.model.rstrip("/")), a.drafter_name)
         sc = {"method": a.method, "model": drafter, "num_speculative_tokens": DEPTH}
