@@ -1,0 +1,225 @@
+"""The trained pairs' drafter, tree and statistics on the CPU (ddtree/trained)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ddtree.trained import models  # noqa: E402
+from ddtree.trained.realtext import degenerate, shortest_loop  # noqa: E402
+from ddtree.trained.reference import Node, build_tree, chain, decide, walk  # noqa: E402
+from ddtree.trained.stats import acceptance, chi2_sf, homogeneity  # noqa: E402
+
+SMALL = models.DrafterShape(
+    hidden=32, target_hidden=24, taps=2, window=5, heads=4, kv_heads=2, head_dim=8, intermediate=48
+)
+
+
+def _drafter(shape=SMALL) -> models.Drafter:
+    torch.manual_seed(0)
+    d = models.Drafter(shape).eval()
+    with torch.no_grad():
+        for p in d.parameters():
+            p.add_(torch.randn_like(p) * 0.1)  # norms away from 1, so a wrong mask shows
+    return d
+
+
+def test_block_mask_full_and_sliding_literal():
+    # one block anchored at 3 of a 4-token context: context keys 0..2; the block's 16 keys
+    full = models.block_mask(torch.tensor([[3]]), 4, None)[0]
+    assert full[:, :4].tolist() == [[True, True, True, False]] * models.BLOCK
+    assert full[:, 4:].all()
+    sliding = models.block_mask(torch.tensor([[3]]), 4, 2)[0]
+    # query j sits at position 3 + j; a window of 2 sees itself and the position before
+    assert sliding[0, :4].tolist() == [False, False, True, False]
+    assert sliding[1, :4].tolist() == [False, False, False, False]
+    assert sliding[1, 4:7].tolist() == [True, True, False]
+    assert sliding[5, 4:].nonzero().flatten().tolist() == [4, 5]
+
+
+def test_training_blocks_equal_one_block_at_a_time():
+    """Several blocks of one sequence in one pass (training) give what each block gives alone over
+    its own context only (inference, as vLLM runs it), in full and in sliding layers."""
+    d = _drafter()
+    torch.manual_seed(1)
+    T = 40
+    taps = torch.randn(1, T, SMALL.taps * SMALL.target_hidden)
+    anchors = torch.tensor([[7, 20, 33]])
+    embeds = torch.randn(1, 3 * models.BLOCK, SMALL.hidden)
+    together = d(taps, anchors, embeds)[0].view(3, models.BLOCK, -1)
+    for m, a in enumerate(anchors[0].tolist()):
+        alone = d(taps[:, :a], torch.tensor([[a]]), embeds[:, m * models.BLOCK : (m + 1) * models.BLOCK])[0]
+        torch.testing.assert_close(together[m], alone, rtol=1e-4, atol=1e-5)
+
+
+def test_context_past_the_anchor_is_never_seen():
+    d = _drafter()
+    torch.manual_seed(2)
+    taps = torch.randn(1, 30, SMALL.taps * SMALL.target_hidden)
+    embeds = torch.randn(1, models.BLOCK, SMALL.hidden)
+    a = d(taps, torch.tensor([[12]]), embeds)
+    changed = taps.clone()
+    changed[:, 12:] += 5.0
+    torch.testing.assert_close(d(changed, torch.tensor([[12]]), embeds), a)
+    changed[:, 11] += 5.0  # the last context position is seen
+    assert not torch.allclose(d(changed, torch.tensor([[12]]), embeds), a)
+
+
+def test_sliding_layers_see_only_their_window():
+    shape = models.DrafterShape(
+        hidden=32,
+        target_hidden=24,
+        taps=2,
+        layer_types=("sliding_attention",),
+        window=4,
+        heads=4,
+        kv_heads=2,
+        head_dim=8,
+        intermediate=48,
+    )
+    d = _drafter(shape)
+    torch.manual_seed(3)
+    taps = torch.randn(1, 30, 48)
+    embeds = torch.randn(1, models.BLOCK, 32)
+    base = d(taps, torch.tensor([[20]]), embeds)
+    far = taps.clone()
+    far[:, :17] += 5.0  # positions 0..16: outside the window of the block's first query (20 - 4 + 1 = 17)
+    torch.testing.assert_close(d(far, torch.tensor([[20]]), embeds), base)
+    near = taps.clone()
+    near[:, 17] += 5.0
+    out = d(near, torch.tensor([[20]]), embeds)
+    assert not torch.allclose(out[0, 0], base[0, 0])  # the first query sees position 17
+    torch.testing.assert_close(out[0, 1:], base[0, 1:])  # later queries' windows start after it
+
+
+def test_drafter_tensor_names_are_the_published_layout():
+    names = set(_drafter().state_dict())
+    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_proj.weight"} <= names
+    assert not any("embed" in n or "lm_head" in n for n in names)
+
+
+def test_layer_ids_come_from_drafter_config_rule():
+    assert models.drafter_layer_ids(8, 3) == [1, 3, 5]
+    assert models.drafter_layer_ids(64, 5) == [1, 16, 31, 46, 61]
+
+
+def _brute_force(logits: torch.Tensor, budget: int) -> set[tuple[int, ...]]:
+    """The ``budget`` most probable prefixes by enumeration (tiny vocabularies only)."""
+    logp = logits.log_softmax(-1)
+    scored = []
+    depth, vocab = logp.shape
+    frontier = [((), 0.0)]
+    for d in range(depth):
+        frontier = [((*p, t), s + float(logp[d, t])) for p, s in frontier for t in range(vocab)]
+        scored += frontier
+    scored.sort(key=lambda x: -x[1])
+    return {p for p, _ in scored[:budget]}
+
+
+def _paths(nodes: list[Node]) -> set[tuple[int, ...]]:
+    out = set()
+    for i in range(len(nodes)):
+        path, j = [], i
+        while j >= 0:
+            path.append(nodes[j].token)
+            j = nodes[j].parent
+        out.add(tuple(reversed(path)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_heap_tree_is_the_most_probable_prefixes(seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, 4, generator=g) * 2
+    for budget in (1, 5, 12):
+        nodes = build_tree(logits, budget)
+        assert len(nodes) == budget
+        assert all(n.parent < i for i, n in enumerate(nodes))  # parents first
+        assert _paths(nodes) == _brute_force(logits, budget)
+
+
+def test_heap_tree_matches_the_engines_tree_definition():
+    """The reference's heap and the change set's batched build keep the same prefixes."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    path = next(
+        p
+        for p in (root / "ddtree/vllm_files/ddtree_tree.py", root / "roles/ddtree_patch/files/common/ddtree_tree.py")
+        if p.exists()
+    )
+    spec = importlib.util.spec_from_file_location("ddtree_tree_for_reference_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    g = torch.Generator().manual_seed(7)
+    for budget in (15, 32, 64):
+        logits = torch.randn(2, 15, 300, generator=g) * 3
+        tree = mod.build_trees(logits, budget, kernels=False)
+        for r in range(2):
+            nodes = [Node(int(tree.tokens[r, j]), int(tree.depth[r, j]), int(tree.parent[r, j])) for j in range(budget)]
+            assert _paths(nodes) == _paths(build_tree(logits[r], budget))
+
+
+def test_walk_follows_the_targets_choices():
+    nodes = [Node(5, 1, -1), Node(6, 1, -1), Node(7, 2, 1), Node(8, 3, 2)]
+    choices = {-1: 6, 1: 7, 2: 9}
+    assert walk(nodes, lambda at: choices.get(at, -2)) == 2
+    assert walk(nodes, lambda at: 4) == 0
+    assert [n.token for n in chain(torch.tensor([[0.0, 3.0], [2.0, 1.0]]))] == [1, 0]
+
+
+def test_decide_gives_the_walk_and_its_margins():
+    # depth 1 prefers token 2 (logit 3) over 1 (2.5); depth 2 prefers 0
+    logits = torch.tensor([[0.0, 2.5, 3.0, -9.0], [4.0, 1.0, 0.0, -9.0]])
+    chain_pick = decide(logits, [2, 0, 7], None)
+    assert chain_pick["k"] == 2 and chain_pick["outside"] is None
+    assert chain_pick["inside"] == [pytest.approx(0.5, abs=1e-4), pytest.approx(3.0, abs=1e-4)]
+    miss = decide(logits, [1, 0], None)
+    assert miss["k"] == 0 and miss["outside"] == pytest.approx(0.5, abs=1e-4)
+    tree = decide(logits, [1, 0], 3)  # budget 3: 2, then 2 -> 0, then 1 (1 -> 0 is the best left out)
+    assert tree["k"] == 1
+    logp = logits.log_softmax(-1)
+    # the path's depth-2 node (1 -> 0) was left out by the margin to the worst kept node (1)
+    assert tree["outside"] == pytest.approx(float(logp[0, 1] - (logp[0, 1] + logp[1, 0])), abs=1e-4)
+
+
+def test_degenerate_outputs_are_named():
+    assert degenerate([21, 59] * 64).startswith("2 distinct tokens")
+    assert degenerate(list(range(40)) + [1, 2, 3] * 30) == "loops with period 3 over 32 tokens"
+    assert degenerate(list(range(128))) is None
+    assert shortest_loop([5] * 31 + [1]) is None
+    assert shortest_loop([5] * 32) == 1
+
+
+def test_acceptance_from_steps():
+    a = acceptance([[1, 3, 4, 2], [1, 1, 5]], 128, 3)
+    # last step of each request left out: steps 3, 4 and 1
+    assert a["steps"] == 3
+    assert a["mean_acceptance_length"] == round(8 / 3, 4)
+    assert a["accepted_at_depth"] == [round(2 / 3, 4), round(2 / 3, 4), round(1 / 3, 4)]
+
+
+def test_chi_square_tail():
+    assert chi2_sf(3.841, 1) == pytest.approx(0.05, abs=1e-3)
+    assert chi2_sf(0.0, 3) == pytest.approx(1.0)
+
+
+def test_homogeneity_passes_the_same_and_fails_another_distribution():
+    r = random.Random(0)
+
+    def draw(ps, n):
+        return [[r.choices(range(len(ps)), ps)[0] for _ in range(4)] for _ in range(n)]
+
+    same = homogeneity([draw([0.5, 0.3, 0.2], 2000) for _ in range(3)], [draw([0.5, 0.3, 0.2], 2000) for _ in range(3)])
+    other = homogeneity(
+        [draw([0.5, 0.3, 0.2], 2000) for _ in range(3)], [draw([0.4, 0.4, 0.2], 2000) for _ in range(3)]
+    )
+    assert same["min_p"] > 0.01
+    assert other["min_p"] < 1e-6
+    assert [x["position"] for x in other["by_position"]] == [1, 2, 3, 4]

@@ -1,0 +1,107 @@
+"""The trained-pair proof's verdicts, on hand-made run files (ddtree/trained/proof.py; no GPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from ddtree.trained import proof
+
+
+def test_run_names():
+    assert proof.run_config("ddtree32_fp16_graphs") == {
+        "method": "ddtree",
+        "budget": 32,
+        "dtype": "fp16",
+        "graphs": True,
+        "sync": False,
+        "broken": False,
+        "treeattn": False,
+        "dist": False,
+    }
+    assert proof.run_config("target_bf16_treeattn")["treeattn"] is True
+    assert proof.phases_for("target_bf16_dist") == "distribution"
+    assert proof.phases_for("target_bf16_treeattn") == "greedy"
+    assert proof.run_config("chain_bf16")["method"] == "dflash"
+    assert proof.run_config("target_bf16_sync")["sync"] is True
+    with pytest.raises(ValueError, match="unknown part"):
+        proof.run_config("ddtree32_bf17")
+    assert proof.phases_for("ddtree32_bf16_broken") == "distribution"
+    assert proof.phases_for("chain_fp16") == "greedy"
+
+
+def _text(seed: int, n: int = proof.GEN_TOKENS) -> list[int]:
+    return [(seed * 7919 + i * 104729) % 4000 for i in range(n)]
+
+
+def _greedy(tokens, steps=None, top2=None):
+    return {"tokens": tokens, "steps": steps or [[1] + [4] * 32] * len(tokens), "top2": top2}
+
+
+def _decisions(ks: dict[int, int], n: int = proof.GEN_TOKENS) -> list[dict]:
+    """Per anchor: the reference accepts ks.get(anchor, 0) nodes, with wide margins except at anchor 4."""
+    out = []
+    for a in range(n - 1):
+        k = ks.get(a, 0)
+        margin = 0.01 if a == 4 else 3.0
+        out.append({"k": k, "inside": [margin] * k, "outside": margin})
+    return out
+
+
+def test_reference_judged_at_the_engines_anchors_until_it_departs():
+    y = _text(1)
+    # the engine's steps: anchors 0 (accepts 3), 4 (2), 7 (5), 13 (0), 14 (4)
+    decisions = _decisions({0: 3, 4: 2, 7: 5, 14: 4})
+    reference = {"prompts": [{"continuation": y, "decisions": {"ddtree32": decisions}}]}
+    run = {"greedy_batch1": _greedy([y], [[1, 4, 3, 6, 1, 5]])}
+    v = proof.judge_reference(reference, run, "ddtree32", "bf16")
+    assert (v["steps_compared"], v["steps_equal"], v["mismatches"], v["equal"]) == (5, 5, [], True)
+    # another count at anchor 4, where the reference's margin is 0.01: a near-tie of bf16
+    run = {"greedy_batch1": _greedy([y], [[1, 4, 2, 6, 1, 5]])}
+    v = proof.judge_reference(reference, run, "ddtree32", "bf16")
+    assert v["mismatches"][0] == {
+        "prompt": 0,
+        "step": 1,
+        "anchor": 4,
+        "engine": 1,
+        "reference": 2,
+        "margin": 0.01,
+        "near_tie": True,
+    }
+    assert not v["equal"] and v["equal_but_near_ties"] is False  # the later anchors shifted: wide margins
+    # a mismatch where the margin is wide is not a near-tie
+    run = {"greedy_batch1": _greedy([y], [[1, 5]])}
+    v = proof.judge_reference(reference, run, "ddtree32", "bf16")
+    assert v["mismatches"] == [
+        {"prompt": 0, "step": 0, "anchor": 0, "engine": 4, "reference": 3, "margin": 3.0, "near_tie": False}
+    ]
+    # the engine departed from the reference's text at token 5: only the steps that end before it count
+    departed = [*y[:5], 9999, *y[6:]]
+    v = proof.judge_reference(reference, {"greedy_batch1": _greedy([departed], [[1, 4, 3, 6]])}, "ddtree32", "bf16")
+    assert v["steps_compared"] == 1 and v["equal"]
+
+
+def test_summary_judges_identity_real_text_and_distribution(tmp_path):
+    ys = [_text(s) for s in range(3)]
+    top2 = [[[[t, 10.0], [t + 1, 9.0]] for t in y] for y in ys]
+    base = {"config": proof.run_config("target_bf16"), "greedy_batch1": _greedy(ys, top2=top2)}
+    good = {"config": proof.run_config("ddtree32_bf16"), "greedy_batch1": _greedy(ys)}
+    loop = [[21, 59] * 64, *ys[1:]]
+    bad = {
+        "config": proof.run_config("chain_bf16"),
+        "greedy_batch1": _greedy([[*ys[0][:5], 4001, *ys[0][6:]], *ys[1:]]),
+    }
+    looping = {"config": proof.run_config("ddtree15_bf16"), "greedy_batch1": _greedy(loop)}
+    for name, r in (("target_bf16", base), ("ddtree32_bf16", good), ("chain_bf16", bad), ("ddtree15_bf16", looping)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(r))
+    s = proof.summarise("unused", str(tmp_path))
+    assert s["identity"]["ddtree32_bf16"]["greedy_batch1"]["identical"] == 3
+    chain = s["identity"]["chain_bf16"]["greedy_batch1"]
+    assert chain["identical"] == 2 and not chain["only_near_ties"] and chain["departures"][0]["at"] == 5
+    assert s["real_text"]["ddtree32_bf16"]["not_real_text"] == []
+    looped = s["real_text"]["ddtree15_bf16"]["not_real_text"][0]
+    assert looped["why"].startswith("2 distinct tokens") and looped["departed"]
+    assert s["acceptance"]["ddtree32_bf16"]["greedy_batch1"]["mean_acceptance_length"] == 4.0

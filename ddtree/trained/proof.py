@@ -1,0 +1,624 @@
+"""GPU proof of DDTree on the trained pairs (vLLM 0.20.1 with the change set; see ddtree/trained/build.py).
+
+    python3 -m ddtree.trained.proof driver PAIR OUT [--runs NAME ...]  # engine runs, then OUT/summary.json
+    python3 -m ddtree.trained.proof reference PAIR OUT                 # the plain-PyTorch DDTree (no vLLM)
+    python3 -m ddtree.trained.proof summarise PAIR OUT                 # rebuild OUT/summary.json (no GPU)
+
+Every engine run is one ``vllm.LLM`` in its own process (``gen``) for one method (the target alone,
+the DFlash chain of 15, DDTree at budgets 15 / 32 / 64), dtype, graph mode and scheduling. Its phases:
+
+- ``greedy``: the pair's 64 held-out prompts (16 to 1500 tokens), 128 tokens each, at batch 1 (one
+  prompt at a time), batch 4 (the first 16 prompts in fours) and batch 8 (all, in eights), read
+  step by step: every engine step's new tokens per request are that step's accepted nodes plus its
+  bonus token. The target alone also records its two best logits at every token (near-ties).
+- ``sampled``: the same prompts at temperature 0.7, top-p 0.95, top-k 20, batch 1 and 8: acceptance.
+- ``distribution``: ``SAMPLES`` samples of the next 4 tokens from each of the pair's 4 fixed prefixes,
+  at temperature 0.7 (top-p 0.95, top-k 20) and at 1.0, for the two-sample test against the target.
+
+``--broken`` replaces the tree walk by one that takes the drafter's first child at every node where
+one exists (the drafter's token without the target's sample): its ``distribution`` must fail the
+test the real walk passes, which shows the test can tell.
+
+The summary judges: every greedy output of every run identical to the target alone's in the same
+dtype, graph mode and batch, or departing first at a near-tie (``pair_proof.divergence``); every
+output real text (``realtext.degenerate``); acceptance per method (mean length and per depth);
+the engine's accepted count at every batch-1 greedy step equal to the plain-PyTorch DDTree's on the
+same prompt (up to where the engine's output departs from the reference's float32 target);
+the sampled tokens' distribution per position (chi-square homogeneity, stratified over prefixes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from ddtree.trained.realtext import degenerate
+from ddtree.trained.stats import acceptance, homogeneity
+
+REPO = Path(__file__).resolve().parents[2]
+GEN_TOKENS = 128
+DEPTH = 15
+SAMPLES = 2000
+DRAFT_LOGIT_SCALE = 8.0  # the trained drafters' largest logits are about 6-7: the rounding step there
+SAMPLED_TOKENS = 4
+QWEN_SAMPLING = {"temperature": 0.7, "top_p": 0.95, "top_k": 20}
+PURE_SAMPLING = {"temperature": 1.0}
+
+
+def _pair_proof():
+    """The near-tie rule and engine helpers of the random-pair proof (one rule for both proofs)."""
+    try:
+        return importlib.import_module("ddtree.gpu.pair_proof")
+    except ImportError:
+        spec = importlib.util.spec_from_file_location("ddtree_gpu", REPO / "tests" / "gpu" / "ddtree_gpu.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+
+def run_config(name: str) -> dict:
+    """A run's settings from its name: METHOD_DTYPE[_graphs][_sync][_treeattn][_dist][_broken].
+
+    METHOD is target, chain or ddtreeN (budget N); treeattn puts the target alone on TREE_ATTN (the
+    backend DDTree verifies with: the two backends' disagreement bounds a near-tie); dist and broken
+    runs sample the distribution test only (broken: with the walk broken on purpose)."""
+    parts = name.split("_")
+    cfg = {
+        "method": None,
+        "budget": None,
+        "dtype": "bf16",
+        "graphs": False,
+        "sync": False,
+        "broken": False,
+        "treeattn": False,
+        "dist": False,
+    }
+    if parts[0] == "chain":
+        cfg["method"] = "dflash"
+    elif parts[0].startswith("ddtree"):
+        cfg["method"], cfg["budget"] = "ddtree", int(parts[0][len("ddtree") :])
+    elif parts[0] != "target":
+        raise ValueError(f"run {name!r}: starts with target, chain or ddtreeN")
+    for p in parts[1:]:
+        if p in ("bf16", "fp16"):
+            cfg["dtype"] = p
+        elif p in ("graphs", "sync", "broken", "treeattn", "dist"):
+            cfg[p] = True
+        else:
+            raise ValueError(f"run {name!r}: unknown part {p!r}")
+    return cfg
+
+
+# --------------------------------------------------------------------------- one engine run
+def engine_kwargs(pair: str, cfg: dict) -> dict:
+    pp = _pair_proof()
+    kind = json.loads(Path(pair, "build.json").read_text())["kind"]
+    seqs, batched = (8, 2048) if cfg["graphs"] else (64, 8192)
+    kw = dict(
+        model=os.path.join(pair, "target"),
+        skip_tokenizer_init=True,
+        enforce_eager=not cfg["graphs"],
+        gpu_memory_utilization=0.25,
+        max_model_len=2560,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=batched,
+        dtype={"bf16": "bfloat16", "fp16": "float16"}[cfg["dtype"]],
+        seed=0,
+        disable_log_stats=False,
+        kv_cache_memory_bytes=2 << 30,
+    )
+    if kind == "hybrid":
+        kw.update(pp.hybrid_engine_args(), enable_prefix_caching=False)
+    if cfg["graphs"]:
+        if cfg["method"] == "ddtree":
+            sizes = pp.ddtree_cudagraph_sizes(seqs, cfg["budget"], batched)
+            kw["compilation_config"] = {"cudagraph_capture_sizes": sizes}
+        else:
+            kw["compilation_config"] = {"max_cudagraph_capture_size": 256}
+    if cfg["method"]:
+        sc = {"method": cfg["method"], "model": os.path.join(pair, "drafter"), "num_speculative_tokens": DEPTH}
+        if cfg["budget"]:
+            sc["ddtree_budget"] = cfg["budget"]
+        kw["speculative_config"] = sc
+    if cfg["sync"]:
+        kw["async_scheduling"] = False
+    if cfg["treeattn"]:
+        kw["attention_backend"] = "TREE_ATTN"
+    if cfg["method"] is None:
+        kw["logprobs_mode"] = "raw_logits"  # the target's two best logits, as computed
+    return kw
+
+
+def break_walk() -> None:
+    """The broken variant: at every node with a child, 'the target chose' the first child's token."""
+    import torch
+    from vllm.v1.spec_decode import ddtree
+
+    real = ddtree.walk_trees
+
+    def walk_drafter_first(tree, target_tokens):
+        forced = target_tokens.clone()
+        tokens, parent = tree.tokens, tree.parent  # [R, N]
+        for r in range(tokens.shape[0]):
+            seen = set()
+            for j in range(tokens.shape[1]):
+                p = int(parent[r, j])
+                if int(tokens[r, j]) >= 0 and p not in seen:
+                    seen.add(p)
+                    forced[r, p + 1] = tokens[r, j]
+        return real(tree, forced.to(target_tokens.dtype))
+
+    ddtree.walk_trees = walk_drafter_first
+    assert torch is not None
+
+
+def stepwise(llm, prompts: list[list[int]], params, batch: int) -> dict:
+    """Token ids, new tokens per engine step (per request) and, with logprobs, the two best logits."""
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    params = params.clone()
+    params.output_kind = RequestOutputKind.DELTA
+    engine = llm.llm_engine
+    tokens, steps, top2 = [], [], []
+    for lo in range(0, len(prompts), batch):
+        group = prompts[lo : lo + batch]
+        ids = [f"{time.monotonic_ns()}-{i}" for i in range(len(group))]
+        got = {r: ([], [], []) for r in ids}
+        for rid, p in zip(ids, group, strict=True):
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=p), params)
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                o = out.outputs[0]
+                new = list(o.token_ids)
+                if not new:
+                    continue
+                t, s, lp = got[out.request_id]
+                t += new
+                s.append(len(new))
+                if o.logprobs:
+                    lp += [_best_two(step, tok) for step, tok in zip(o.logprobs, new, strict=True)]
+        for rid in ids:
+            t, s, lp = got[rid]
+            tokens.append(t)
+            steps.append(s)
+            top2.append(lp)
+    return {"tokens": tokens, "steps": steps, "top2": top2 if any(top2) else None}
+
+
+def _best_two(step: dict, chosen: int) -> list[list[float]]:
+    return sorted(([int(t), float(lp.logprob)] for t, lp in step.items()), key=lambda x: (-x[1], x[0] != chosen))[:2]
+
+
+def cmd_gen(a: argparse.Namespace) -> int:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    cfg = run_config(a.name)
+    if cfg["broken"]:
+        break_walk()
+    pair_prompts = json.loads(Path(a.pair, "prompts.json").read_text())
+    prompts = pair_prompts["prompts"]
+    kw = engine_kwargs(a.pair, cfg)
+    t0 = time.time()
+    llm = LLM(**kw)
+    res: dict = {"name": a.name, "config": cfg, "kwargs": {k: str(v) for k, v in kw.items()}}
+    res["init_s"] = round(time.time() - t0, 1)
+    greedy = SamplingParams(
+        temperature=0,
+        max_tokens=GEN_TOKENS,
+        ignore_eos=True,
+        detokenize=False,
+        logprobs=2 if cfg["method"] is None else None,
+    )
+    sampled = SamplingParams(max_tokens=GEN_TOKENS, ignore_eos=True, detokenize=False, **QWEN_SAMPLING)
+    llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], SamplingParams(max_tokens=8, detokenize=False))
+    phases = a.phases.split(",")
+    for phase, params, batches in (
+        ("greedy", greedy, {"batch1": (prompts, 1), "batch4": (prompts[:16], 4), "batch8": (prompts, 8)}),
+        ("sampled", sampled, {"batch1": (prompts, 1), "batch8": (prompts, 8)}),
+    ):
+        if phase not in phases:
+            continue
+        for key, (ps, b) in batches.items():
+            t = time.time()
+            m0 = pp_metrics(llm)
+            out = stepwise(llm, ps, params, b)
+            out["seconds"] = round(time.time() - t, 2)
+            out["metrics"] = _pair_proof()._delta(pp_metrics(llm), m0)
+            res[f"{phase}_{key}"] = out
+            print(f"RUN {a.name} {phase} {key}: {out['seconds']}s", flush=True)
+            _write(a.result, res)
+    if "distribution" in phases:
+        res["distribution"] = {}
+        for label, sp in (("qwen", QWEN_SAMPLING), ("pure", PURE_SAMPLING)):
+            params = SamplingParams(max_tokens=SAMPLED_TOKENS, ignore_eos=True, detokenize=False, **sp)
+            per_prefix = []
+            t = time.time()
+            for prefix in pair_prompts["sampled_prefixes"]:
+                outs = llm.generate([TokensPrompt(prompt_token_ids=prefix)] * SAMPLES, params, use_tqdm=False)
+                per_prefix.append([list(o.outputs[0].token_ids) for o in outs])
+            res["distribution"][label] = {"samples": per_prefix, "seconds": round(time.time() - t, 1)}
+            print(f"RUN {a.name} distribution {label}: {time.time() - t:.0f}s", flush=True)
+            _write(a.result, res)
+    res["done"] = True
+    _write(a.result, res)
+    return 0
+
+
+def pp_metrics(llm) -> dict:
+    return _pair_proof()._metrics(llm)
+
+
+def _write(path: str, res: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(res, f)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- the reference
+def cmd_reference(pair: str, out: str, budgets: list[int], device: str, decisions_only: bool) -> int:
+    """The plain-PyTorch DDTree on the pair's prompts: its own greedy decode (``simulate``: the
+    continuation, its accepted count per step; on a pure-attention target every step also verified
+    under the ancestor-only mask), then ``decisions`` at every anchor of that continuation, which the
+    engine's steps are judged against. ``decisions_only`` adds the decisions to a reference.json that
+    has the continuations (no GPU needed)."""
+    from ddtree.trained.reference import Pair
+
+    os.makedirs(out, exist_ok=True)
+    ref = Pair(pair, device)
+    prompts = json.loads(Path(pair, "prompts.json").read_text())["prompts"]
+    path = os.path.join(out, "reference.json")
+    res = json.loads(Path(path).read_text()) if decisions_only else {"budgets": budgets, "prompts": []}
+    methods = [None, *res["budgets"]]
+    t0 = time.time()
+    for i, p in enumerate(prompts):
+        if decisions_only:
+            if i >= len(res["prompts"]):
+                break
+            entry = res["prompts"][i]
+        else:
+            entry = ref.simulate(p, methods, GEN_TOKENS, mask_verify=ref.kind == "attention")
+            res["prompts"].append(entry)
+        entry["decisions"] = ref.decisions(p, entry["continuation"], methods)
+        if i % 8 == 0:
+            print(f"reference {i}/{len(prompts)} ({time.time() - t0:.0f}s)", flush=True)
+            _write(path, res)
+    res["seconds"] = round(time.time() - t0, 1)
+    res["done"] = True
+    _write(path, res)
+    return 0
+
+
+# --------------------------------------------------------------------------- the verdicts
+def method_name(cfg: dict) -> str:
+    return "target" if cfg["method"] is None else "chain" if cfg["method"] == "dflash" else f"ddtree{cfg['budget']}"
+
+
+def mode_key(cfg: dict) -> str:
+    return f"{cfg['dtype']}{'_graphs' if cfg['graphs'] else ''}"
+
+
+GREEDY_KEYS = ("greedy_batch1", "greedy_batch4", "greedy_batch8")
+
+
+def kernel_noise(a: dict, b: dict) -> float:
+    """How far the target alone's two attention backends move the gap between its two best logits:
+    the largest difference over every position both computed from the same tokens (up to and
+    including the first where their choices part)."""
+    pp = _pair_proof()
+    noise = 0.0
+    for key in GREEDY_KEYS:
+        if key not in a or key not in b or not a[key].get("top2") or not b[key].get("top2"):
+            continue
+        for ta, tb, sa, sb in zip(a[key]["tokens"], b[key]["tokens"], a[key]["top2"], b[key]["top2"], strict=False):
+            parted = pp._first_diff(ta, tb)
+            for x, y in list(zip(sa, sb, strict=False))[: None if parted is None else parted + 1]:
+                gb = pp._gap(y, int(x[0][0]), int(x[1][0]))
+                if gb is not None:
+                    noise = max(noise, abs(x[0][1] - x[1][1] - gb))
+    return noise
+
+
+def judge_identity(ref: dict, run: dict, dtype: str, noise: float = 0.0) -> dict:
+    """Each output against the target alone's (same phase and batch): identical, or first departing at
+    a near-tie of the target's two best logits (the rule of the random-pair proof: no wider than the
+    target's two attention backends move such a gap, ``noise``, and at least one step of the dtype).
+    Only prompts whose target-alone output is real text are judged; the others are listed."""
+    pp = _pair_proof()
+    dt = {"bf16": "bfloat16", "fp16": "float16"}[dtype]
+    out = {}
+    for key in GREEDY_KEYS:
+        if key not in ref or key not in run:
+            continue
+        departures, not_text = [], []
+        for i, (a, b) in enumerate(zip(ref[key]["tokens"], run[key]["tokens"], strict=False)):
+            if degenerate(a):
+                not_text.append(i)
+                continue
+            d = pp._first_diff(a, b)
+            if d is None:
+                continue
+            top2 = (ref[key].get("top2") or [[]] * len(ref[key]["tokens"]))[i]
+            if d < min(len(top2), len(b)):
+                verdict = pp.divergence(top2[d], a[d], b[d], dt, noise)
+            else:
+                verdict = {"near_tie": False, "why": "one of the two stopped early"}
+            departures.append({"prompt": i, "at": d, **verdict})
+        compared = len(run[key]["tokens"]) - len(not_text)
+        out[key] = {
+            "compared": compared,
+            "identical": compared - len(departures),
+            "departures": departures,
+            "only_near_ties": all(x["near_tie"] for x in departures),
+            "left_out_target_not_real_text": not_text,
+        }
+    return out
+
+
+def judge_reference(reference: dict, run: dict, method: str, dtype: str) -> dict:
+    """The engine's accepted count at each batch-1 greedy step against the plain-PyTorch DDTree's at the
+    same anchor (``reference.decide``: the same context, so the same tree up to rounding), over the steps
+    before the engine's output departs from the reference's float32 continuation. A different count
+    is a near-tie of the drafter when the draft-score margin that decided it is within the rounding
+    of the engine's dtype: one step of the dtype at the drafter's logit scale per depth."""
+    pp = _pair_proof()
+    dt = {"bf16": "bfloat16", "fp16": "float16"}[dtype]
+    steps_equal = steps_compared = 0
+    mismatches = []
+    for i, (ref, toks, steps) in enumerate(
+        zip(reference["prompts"], run["greedy_batch1"]["tokens"], run["greedy_batch1"]["steps"], strict=False)
+    ):
+        decisions = ref.get("decisions", {}).get(method)
+        if decisions is None:
+            continue
+        depart = pp._first_diff(ref["continuation"], toks)
+        anchor = 0  # the output index of the step's anchor (its last token before the step)
+        for j, s in enumerate(steps[1:]):  # the first delta is the prefill's token
+            e = s - 1
+            if (depart is not None and anchor + e + 2 > depart) or anchor + e + 2 >= GEN_TOKENS:
+                break  # past a departure, or the last step (max_tokens may cut it)
+            d = decisions[anchor]
+            steps_compared += 1
+            if e == d["k"]:
+                steps_equal += 1
+            else:
+                margin = d["outside"] if e > d["k"] else d["inside"][e]
+                depth = min(e, d["k"]) + 1
+                tie = margin is not None and margin <= depth * pp.dtype_step(DRAFT_LOGIT_SCALE, dt)
+                mismatches.append(
+                    {
+                        "prompt": i,
+                        "step": j,
+                        "anchor": anchor,
+                        "engine": e,
+                        "reference": d["k"],
+                        "margin": margin,
+                        "near_tie": tie,
+                    }
+                )
+            anchor += e + 1
+    return {
+        "steps_compared": steps_compared,
+        "steps_equal": steps_equal,
+        "mismatches": mismatches,
+        "mismatch_margin_max": max((m["margin"] for m in mismatches if m["margin"] is not None), default=None),
+        "equal": steps_compared > 0 and steps_equal == steps_compared,
+        "equal_but_near_ties": steps_compared > 0 and all(m["near_tie"] for m in mismatches),
+    }
+
+
+def margin_quantiles(reference: dict, method: str) -> list[float] | None:
+    """The smallest decisive margin of every anchor, at the 1st, 5th and 50th percentiles: how close
+    the reference's decisions usually are (a mismatch's margin below these is rounding's)."""
+    vals = []
+    for p in reference["prompts"]:
+        for d in p.get("decisions", {}).get(method, []):
+            ms = [*d["inside"], *([d["outside"]] if d["outside"] is not None else [])]
+            if ms:
+                vals.append(min(ms))
+    if not vals:
+        return None
+    vals.sort()
+    return [round(vals[int(q * (len(vals) - 1))], 4) for q in (0.01, 0.05, 0.5)]
+
+
+def real_text(run: dict, target: dict | None) -> dict:
+    """Distinct tokens of the run's greedy outputs; the prompts whose target-alone output is not real
+    text (identity is not judged there); and every output that is not real text where the target's
+    is: one identical to the target's cannot be, one that departed (at a near-tie, judge_identity)
+    continues other text, which may loop."""
+    distinct = [len(set(t)) for t in run.get("greedy_batch1", {}).get("tokens", [])]
+    failures, target_loops = [], set()
+    for key in GREEDY_KEYS:
+        if key not in run:
+            continue
+        ref_tokens = (target or {}).get(key, {}).get("tokens") or run[key]["tokens"]
+        for i, (t, ref) in enumerate(zip(run[key]["tokens"], ref_tokens, strict=False)):
+            if degenerate(ref):
+                target_loops.add(i)
+            elif why := degenerate(t):
+                failures.append({"phase": key, "prompt": i, "why": why, "departed": t != ref})
+    return {
+        "outputs": len(distinct),
+        "distinct_tokens_min_median": [min(distinct), sorted(distinct)[len(distinct) // 2]] if distinct else None,
+        "target_not_real_text": sorted(target_loops),
+        "not_real_text": failures,
+    }
+
+
+def summarise(pair: str, out: str) -> dict:
+    runs = {}
+    for f in sorted(Path(out).glob("*.json")):
+        if f.name in ("summary.json", "reference.json", "mismatches.json"):
+            continue
+        try:
+            runs[f.stem] = json.loads(f.read_text())
+        except ValueError as e:
+            runs[f.stem] = {"error": f"{f} is not whole JSON ({e})"}
+            continue
+        if "config" in runs[f.stem]:  # files of older runs lack the newer settings
+            runs[f.stem]["config"] = run_config(f.stem) | runs[f.stem]["config"]
+    reference = None
+    if Path(out, "reference.json").exists():
+        reference = json.loads(Path(out, "reference.json").read_text())
+    summary: dict = {"runs": {}, "identity": {}, "real_text": {}, "acceptance": {}, "reference": {}, "distribution": {}}
+    targets = {
+        mode_key(r["config"]): r
+        for r in runs.values()
+        if "config" in r and r["config"]["method"] is None and not r["config"]["treeattn"] and "greedy_batch1" in r
+    }
+    noise = {}
+    for r in runs.values():
+        cfg = r.get("config", {})
+        if cfg.get("treeattn") and mode_key(cfg) in targets:
+            noise[cfg["dtype"]] = kernel_noise(targets[mode_key(cfg)], r)
+    summary["kernel_noise"] = noise
+    for name, r in runs.items():
+        summary["runs"][name] = {k: r.get(k) for k in ("init_s", "done", "error") if k in r} | {
+            "seconds": {k: v.get("seconds") for k, v in r.items() if isinstance(v, dict) and "seconds" in v}
+        }
+        if "config" not in r:
+            continue
+        cfg = r["config"]
+        ref = targets.get(mode_key(cfg))
+        summary["real_text"][name] = real_text(r, ref)
+        if ref is not None and r is not ref and "greedy_batch1" in r and not cfg["treeattn"]:
+            summary["identity"][name] = judge_identity(ref, r, cfg["dtype"], noise.get(cfg["dtype"], 0.0))
+        for key in ("greedy_batch1", "greedy_batch8", "sampled_batch1", "sampled_batch8"):
+            if key in r and cfg["method"] is not None:
+                summary["acceptance"].setdefault(name, {})[key] = acceptance(r[key]["steps"], GEN_TOKENS, DEPTH)
+        if reference and cfg["method"] is not None and "greedy_batch1" in r and reference.get("prompts"):
+            summary["reference"][name] = judge_reference(reference, r, method_name(cfg), cfg["dtype"])
+    if reference:
+        summary["reference_mask_walk_mismatch"] = {
+            m: sum(p["mask_walk_mismatch"][m] for p in reference["prompts"])
+            for m in reference["prompts"][0]["mask_walk_mismatch"]
+        }
+        summary["reference_margin_quantiles"] = {
+            m: margin_quantiles(reference, m) for m in reference["prompts"][0]["accepted_per_step"]
+        }
+        summary["reference_acceptance"] = {
+            m: acceptance(
+                [[1] + [k + 1 for k in p["accepted_per_step"][m]] for p in reference["prompts"]], GEN_TOKENS, DEPTH
+            )
+            for m in reference["prompts"][0]["accepted_per_step"]
+        }
+    bases = {
+        r["config"]["dtype"]: r
+        for r in runs.values()
+        if r.get("config", {}).get("method") is None and "distribution" in r
+    }
+    for name, r in runs.items():
+        base = bases.get(r.get("config", {}).get("dtype"))
+        if "distribution" in r and base is not None and r is not base:
+            summary["distribution"][name] = {
+                label: homogeneity(base["distribution"][label]["samples"], r["distribution"][label]["samples"])
+                for label in r["distribution"]
+                if label in base["distribution"]
+            }
+    return summary
+
+
+def write_summary(pair: str, out: str) -> int:
+    s = summarise(pair, out)
+    Path(out, "summary.json").write_text(json.dumps(s, indent=1))
+    print(json.dumps({k: v for k, v in s.items() if k != "runs"}, indent=1)[:20000])
+    return 0
+
+
+# --------------------------------------------------------------------------- the driver
+DEFAULT_RUNS = [
+    "target_bf16",
+    "chain_bf16",
+    "ddtree15_bf16",
+    "ddtree32_bf16",
+    "ddtree64_bf16",
+    "target_fp16",
+    "chain_fp16",
+    "ddtree32_fp16",
+]
+
+
+def phases_for(name: str) -> str:
+    cfg = run_config(name)
+    if cfg["broken"] or cfg["dist"]:
+        return "distribution"
+    if cfg["treeattn"] or cfg["graphs"] or cfg["sync"] or cfg["dtype"] != "bf16":
+        return "greedy"
+    return "greedy,sampled"
+
+
+def cmd_driver(pair: str, out: str, runs: list[str], budget_s: float, reference: bool) -> int:
+    os.makedirs(out, exist_ok=True)
+    t0 = time.time()
+    procs = []
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if reference:
+        log = open(os.path.join(out, "reference.log"), "w")  # noqa: SIM115 - closed below
+        cmd = [sys.executable, "-m", "ddtree.trained.proof", "reference", pair, out]
+        procs.append(("reference", subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO), log))
+    for name in runs:
+        log = open(os.path.join(out, f"{name}.log"), "w")  # noqa: SIM115 - closed below
+        cmd = [sys.executable, "-m", "ddtree.trained.proof", "gen", pair, os.path.join(out, f"{name}.json"), name]
+        cmd += ["--phases", phases_for(name)]
+        procs.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO), log))
+    for name, p, log in procs:
+        try:
+            p.wait(timeout=max(5, budget_s - (time.time() - t0)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            print(f"{name}: stopped at the time budget", flush=True)
+        log.close()
+        print(f"{name}: rc={p.returncode} ({time.time() - t0:.0f}s)", flush=True)
+    return write_summary(pair, out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("gen")
+    s.add_argument("pair")
+    s.add_argument("result")
+    s.add_argument("name")
+    s.add_argument("--phases", default="greedy")
+    s = sub.add_parser("reference")
+    s.add_argument("pair")
+    s.add_argument("out")
+    s.add_argument("--budgets", type=int, nargs="*", default=[15, 32, 64])
+    s.add_argument("--device", default="cuda")
+    s.add_argument("--decisions-only", action="store_true", help="add decisions to OUT/reference.json")
+    s = sub.add_parser("driver")
+    s.add_argument("pair")
+    s.add_argument("out")
+    s.add_argument("--runs", nargs="*", default=DEFAULT_RUNS)
+    s.add_argument("--budget-s", type=float, default=480)
+    s.add_argument("--no-reference", action="store_true")
+    s = sub.add_parser("summarise")
+    s.add_argument("pair")
+    s.add_argument("out")
+    a = ap.parse_args()
+    try:
+        if a.cmd == "gen":
+            return cmd_gen(a)
+        if a.cmd == "reference":
+            return cmd_reference(a.pair, a.out, a.budgets, a.device, a.decisions_only)
+        if a.cmd == "driver":
+            return cmd_driver(a.pair, a.out, a.runs, a.budget_s, not a.no_reference)
+        return write_summary(a.pair, a.out)
+    except Exception:
+        traceback.print_exc()
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

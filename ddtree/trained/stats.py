@@ -1,0 +1,84 @@
+"""Acceptance from an engine's per-step output, and the two-sample test of sampled tokens."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+MIN_EXPECTED = 5.0  # chi-square needs about 5 expected counts per cell: rarer tokens are pooled
+
+
+def acceptance(steps: Sequence[Sequence[int]], max_tokens: int, depth: int) -> dict:
+    """Mean acceptance length and per-depth acceptance from each request's new tokens per step.
+
+    A request's first entry is its prefill's token; every later entry is one verification step's
+    accepted nodes plus its bonus token. The last step is left out (max_tokens may have cut it)."""
+    lengths = [s for req in steps for s in list(req[1:])[:-1]]
+    if not lengths:
+        return {"steps": 0, "mean_acceptance_length": None, "accepted_at_depth": None}
+    return {
+        "steps": len(lengths),
+        "mean_acceptance_length": round(sum(lengths) / len(lengths), 4),
+        # the share of steps that accepted at least j draft tokens (j = 1 .. depth)
+        "accepted_at_depth": [round(sum(n - 1 >= j for n in lengths) / len(lengths), 4) for j in range(1, depth + 1)],
+        "max_tokens": max_tokens,
+    }
+
+
+def chi2_sf(stat: float, df: int) -> float:
+    """P(X >= stat) for X ~ chi-square(df): the regularised upper incomplete gamma Q(df/2, stat/2)."""
+    if df <= 0:
+        return 1.0
+    import torch
+
+    return float(
+        torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
+    )
+
+
+def table_statistic(a: Counter, b: Counter) -> tuple[float, int]:
+    """Pearson's chi-square homogeneity statistic of two samples' category counts and its degrees of
+    freedom; categories whose expected count is under MIN_EXPECTED in either sample are pooled."""
+    na, nb = sum(a.values()), sum(b.values())
+    n = na + nb
+    cells: list[tuple[int, int]] = []
+    pooled = [0, 0]
+    for key in sorted(set(a) | set(b)):
+        ca, cb = a.get(key, 0), b.get(key, 0)
+        total = ca + cb
+        if min(total * na / n, total * nb / n) < MIN_EXPECTED:
+            pooled[0] += ca
+            pooled[1] += cb
+        else:
+            cells.append((ca, cb))
+    if sum(pooled):
+        cells.append((pooled[0], pooled[1]))
+    stat = 0.0
+    for ca, cb in cells:
+        total = ca + cb
+        for observed, size in ((ca, na), (cb, nb)):
+            expected = total * size / n
+            if expected > 0:
+                stat += (observed - expected) ** 2 / expected
+    return stat, max(0, len(cells) - 1)
+
+
+def homogeneity(a: Sequence[Sequence[Sequence[int]]], b: Sequence[Sequence[Sequence[int]]]) -> dict:
+    """Per token position, whether two samplers drew from the same distribution: a chi-square
+    homogeneity test per fixed prefix, summed over the prefixes (statistics and degrees of freedom
+    add). ``a[k][s]`` is sample s of prefix k, a list of tokens."""
+    positions = min(len(s) for group in (*a, *b) for s in group)
+    out = []
+    for i in range(positions):
+        stat, df = 0.0, 0
+        for sa, sb in zip(a, b, strict=True):
+            st, d = table_statistic(Counter(s[i] for s in sa), Counter(s[i] for s in sb))
+            stat, df = stat + st, df + d
+        out.append({"position": i + 1, "chi2": round(stat, 2), "df": df, "p": chi2_sf(stat, df)})
+    return {
+        "samples": [len(g) for g in b],
+        "by_position": out,
+        "min_p": min(x["p"] for x in out) if out else None,
+        "log10_min_p": round(math.log10(max(min(x["p"] for x in out), 1e-300)), 2) if out else None,
+    }
