@@ -536,6 +536,41 @@ def write_summary(pair: str, out: str) -> int:
     return 0
 
 
+def record(pair: str, summary: dict, meta: dict) -> dict:
+    """The result of record: what the docs cite, compact (lists of mismatches and departures cut to
+    their first 10; every count kept)."""
+    build = json.loads(Path(pair, "build.json").read_text())
+
+    def cut(v: dict) -> dict:
+        return {k: (x[:10] if isinstance(x, list) and k in ("mismatches", "departures") else x) for k, x in v.items()}
+
+    return {
+        **meta,
+        "pair": {
+            "kind": build["kind"],
+            "corpus_sha256": build["corpus"]["corpus_sha256"],
+            "tokenizer_sha256": build["corpus"]["tokenizer_sha256"],
+            "target": build["target"],
+            "drafter": {k: v for k, v in build["drafter"].items() if k not in ("config", "inferred")},
+            "drafter_config": build["drafter"].get("config"),
+            "build_seconds": build["seconds"],
+            "gdn_kernel": build.get("gdn_kernel", "torch"),
+        },
+        "identity": {r: {b: cut(v) for b, v in x.items()} for r, x in summary["identity"].items()},
+        "kernel_noise": summary.get("kernel_noise"),
+        "real_text": summary["real_text"],
+        "acceptance": summary["acceptance"],
+        "reference": {r: cut(v) for r, v in summary["reference"].items()},
+        "reference_acceptance": {
+            m: v["mean_acceptance_length"] for m, v in (summary.get("reference_acceptance") or {}).items()
+        },
+        "reference_margin_quantiles": summary.get("reference_margin_quantiles"),
+        "reference_mask_walk_mismatch": summary.get("reference_mask_walk_mismatch"),
+        "distribution": summary["distribution"],
+        "runs": {r: v for r, v in summary["runs"].items()},
+    }
+
+
 # --------------------------------------------------------------------------- the driver
 DEFAULT_RUNS = [
     "target_bf16",
@@ -606,6 +641,13 @@ def main() -> int:
     s = sub.add_parser("summarise")
     s.add_argument("pair")
     s.add_argument("out")
+    s = sub.add_parser("record", help="write the compact result of record from OUT/summary.json")
+    s.add_argument("pair")
+    s.add_argument("out")
+    s.add_argument("result")
+    s.add_argument("--gpu", required=True, help="the GPU, e.g. 'NVIDIA H100 80GB HBM3'")
+    s.add_argument("--changeset", required=True, help="the change set's manifest sha256")
+    s.add_argument("--command", required=True, help="how the runs were made")
     a = ap.parse_args()
     try:
         if a.cmd == "gen":
@@ -614,6 +656,11 @@ def main() -> int:
             return cmd_reference(a.pair, a.out, a.budgets, a.device, a.decisions_only)
         if a.cmd == "driver":
             return cmd_driver(a.pair, a.out, a.runs, a.budget_s, not a.no_reference)
+        if a.cmd == "record":
+            summary = json.loads(Path(a.out, "summary.json").read_text())
+            meta = {"gpu": a.gpu, "vllm": "0.20.1", "manifest_sha256": a.changeset, "command": a.command}
+            Path(a.result).write_text(json.dumps(record(a.pair, summary, meta), indent=1) + "\n")
+            return 0
         return write_summary(a.pair, a.out)
     except Exception:
         traceback.print_exc()
