@@ -223,3 +223,20 @@ def test_homogeneity_passes_the_same_and_fails_another_distribution():
     assert same["min_p"] > 0.01
     assert other["min_p"] < 1e-6
     assert [x["position"] for x in other["by_position"]] == [1, 2, 3, 4]
+
+
+def test_plan_calibrates_the_step_count_to_the_deadline(monkeypatch):
+    from ddtree.trained import build
+
+    now = [1000.0]
+    monkeypatch.setattr(build.time, "time", lambda: now[0])
+    plan = build.Plan(0, deadline=1000.0 + 100.0)
+    step = 0
+    while not plan.stop(step):
+        now[0] += 0.5  # half a second a step
+        step += 1
+    # calibrated at step 15 (7.5 s gone): 95% of the 92.5 s left at 0.5 s a step, plus the 15 done
+    assert plan.calibrated and plan.steps == 15 + int(0.95 * 92.5 / 0.5)
+    assert step == plan.steps
+    fixed = build.Plan(40, deadline=1e12)
+    assert not fixed.calibrated and fixed.steps == 40 and fixed.stop(40) and not fixed.stop(39)
