@@ -21,6 +21,7 @@ def test_run_names():
         "broken": False,
         "treeattn": False,
         "dist": False,
+        "nan": False,
     }
     assert proof.run_config("target_bf16_treeattn")["treeattn"] is True
     assert proof.phases_for("target_bf16_dist") == "distribution"

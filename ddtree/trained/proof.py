@@ -65,11 +65,13 @@ def _pair_proof():
 
 
 def run_config(name: str) -> dict:
-    """A run's settings from its name: METHOD_DTYPE[_graphs][_sync][_treeattn][_dist][_broken].
+    """A run's settings from its name: METHOD_DTYPE[_graphs][_sync][_treeattn][_dist][_broken][_nan].
 
     METHOD is target, chain or ddtreeN (budget N); treeattn puts the target alone on TREE_ATTN (the
     backend DDTree verifies with: the two backends' disagreement bounds a near-tie); dist and broken
-    runs sample the distribution test only (broken: with the walk broken on purpose)."""
+    runs sample the distribution test only (broken: with the walk broken on purpose); nan poisons the
+    first request's drafter logits with NaN every third drafter pass (a drafter overflowing in fp16,
+    a corrupt drafter file): the engine must keep serving, every output still the target's."""
     parts = name.split("_")
     cfg = {
         "method": None,
@@ -80,6 +82,7 @@ def run_config(name: str) -> dict:
         "broken": False,
         "treeattn": False,
         "dist": False,
+        "nan": False,
     }
     if parts[0] == "chain":
         cfg["method"] = "dflash"
@@ -90,7 +93,7 @@ def run_config(name: str) -> dict:
     for p in parts[1:]:
         if p in ("bf16", "fp16"):
             cfg["dtype"] = p
-        elif p in ("graphs", "sync", "broken", "treeattn", "dist"):
+        elif p in ("graphs", "sync", "broken", "treeattn", "dist", "nan"):
             cfg[p] = True
         else:
             raise ValueError(f"run {name!r}: unknown part {p!r}")
@@ -160,6 +163,23 @@ def break_walk() -> None:
     assert torch is not None
 
 
+def poison_drafter() -> None:
+    """Every third drafter pass, the first request's draft logits become NaN (``nan`` runs)."""
+    from vllm.model_executor.models import qwen3_dflash
+
+    real = qwen3_dflash.DFlashQwen3ForCausalLM.compute_logits
+    calls = [0]
+
+    def compute_logits(self, hidden_states):
+        logits = real(self, hidden_states)
+        calls[0] += 1
+        if logits is not None and calls[0] % 3 == 0:
+            logits[:DEPTH] = float("nan")
+        return logits
+
+    qwen3_dflash.DFlashQwen3ForCausalLM.compute_logits = compute_logits
+
+
 def stepwise(llm, prompts: list[list[int]], params, batch: int) -> dict:
     """Token ids, new tokens per engine step (per request) and, with logprobs, the two best logits."""
     from vllm.inputs import TokensPrompt
@@ -205,6 +225,8 @@ def cmd_gen(a: argparse.Namespace) -> int:
     cfg = run_config(a.name)
     if cfg["broken"]:
         break_walk()
+    if cfg["nan"]:
+        poison_drafter()
     pair_prompts = json.loads(Path(a.pair, "prompts.json").read_text())
     prompts = pair_prompts["prompts"]
     kw = engine_kwargs(a.pair, cfg)
@@ -588,7 +610,7 @@ def phases_for(name: str) -> str:
     cfg = run_config(name)
     if cfg["broken"] or cfg["dist"]:
         return "distribution"
-    if cfg["treeattn"] or cfg["graphs"] or cfg["sync"] or cfg["dtype"] != "bf16":
+    if cfg["treeattn"] or cfg["graphs"] or cfg["sync"] or cfg["nan"] or cfg["dtype"] != "bf16":
         return "greedy"
     return "greedy,sampled"
 
