@@ -498,6 +498,71 @@ def test_walk_rejects_bad_targets(target: torch.Tensor) -> None:
         dt.walk_trees(tree, target)
 
 
+# --- drafter logits that are not finite ------------------------------------------------------------
+
+
+def _assert_well_formed(tree, vocab: int) -> None:
+    """Every id in the vocabulary, every parent earlier and one depth up, no two siblings alike."""
+    tokens, depth, parent = tree.tokens.cpu(), tree.depth.cpu(), tree.parent.cpu()
+    assert bool(((tokens >= 0) & (tokens < vocab)).all()), tokens
+    for b in range(tokens.shape[0]):
+        seen = set()
+        for i in range(tokens.shape[1]):
+            p, d = int(parent[b, i]), int(depth[b, i])
+            assert (p == -1 and d == 1) or (0 <= p < i and int(depth[b, p]) == d - 1), (b, i, p, d)
+            assert (p, int(tokens[b, i])) not in seen, (b, i)
+            seen.add((p, int(tokens[b, i])))
+
+
+def _poison(logits: torch.Tensor, request: int, kind: str) -> torch.Tensor:
+    bad = logits.clone()
+    if kind == "nan everywhere":
+        bad[request] = float("nan")
+    elif kind == "one nan":
+        bad[request, 2, 3] = float("nan")
+    elif kind == "+inf":
+        bad[request, 0, 5] = INF
+    else:  # a depth with nothing finite
+        bad[request, 1] = -INF
+    return bad
+
+
+@pytest.mark.parametrize(
+    "kernels", [False, pytest.param(True, marks=pytest.mark.skipif(not HAS_TRITON, reason="needs Triton"))]
+)
+@pytest.mark.parametrize("kind", ["nan everywhere", "one nan", "+inf", "a depth of -inf"])
+def test_a_request_with_non_finite_logits_gets_the_uniform_tree_and_the_others_keep_theirs(
+    kind: str, kernels: bool
+) -> None:
+    vocab, budget = 40, 24
+    logits = _random_logits(31, 3, 4, vocab).to(DEVICE)
+    bad = _poison(logits, 1, kind)
+    tree = dt.build_trees(bad, budget, kernels=kernels)
+    _assert_well_formed(tree, vocab)
+    uniform = dt.build_trees(torch.zeros(1, 4, vocab, device=DEVICE), budget, kernels=kernels)
+    clean = dt.build_trees(logits.clone(), budget, kernels=kernels)
+    for name in ("tokens", "depth", "parent", "scores", "ancestor_mask", "position_offsets"):
+        assert torch.equal(getattr(tree, name)[1], getattr(uniform, name)[0]), name
+        for b in (0, 2):
+            assert torch.equal(getattr(tree, name)[b], getattr(clean, name)[b]), (name, b)
+    assert torch.equal(bad[1], torch.zeros_like(bad[1]))  # replaced in place, as documented
+    assert torch.equal(bad[[0, 2]], logits[[0, 2]])
+    walk = dt.walk_trees(tree, torch.zeros(3, budget + 1, dtype=torch.int64, device=DEVICE), kernels=kernels)
+    assert bool((walk.num_accepted >= 0).all())
+
+
+def test_non_finite_logits_anywhere_never_give_an_id_outside_the_vocabulary() -> None:
+    # The failure this replaces: 376 of 600 such cases gave a depth or a parent that disagreed.
+    gen = torch.Generator().manual_seed(5)
+    specials = torch.tensor([float("nan"), INF, -INF])
+    for case in range(300):
+        logits = _random_logits(100 + case, 3, 5, 60)
+        spots = torch.rand(logits.shape, generator=gen) < float(torch.rand((), generator=gen)) * 0.2
+        values = specials[torch.randint(0, 3, logits.shape, generator=gen)]
+        logits = torch.where(spots, values, logits)
+        _assert_well_formed(dt.build_trees(logits, 32, kernels=False), 60)
+
+
 # --- the Triton kernels (interpreted on a CPU, compiled on a GPU) -----------------------------------
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -30,8 +30,13 @@ prefix-closed, numbered in that order (parents before children). The reference r
 breaks score ties by the tuple of ranks instead and adds scores in double precision: it builds the
 same tree except where two prefixes' scores tie or differ by about one float32 rounding.
 
-Inputs must hold no NaN and no ``+inf``, and each row at least one finite logit (``-inf`` is fine:
-such tokens have probability 0 and come last).
+``-inf`` logits are fine (such tokens have probability 0 and come last). A request whose logits
+hold a NaN or a ``+inf``, or a depth with no finite logit (a drafter overflowing in fp16, a corrupt
+drafter file), has them replaced by zeros in place, on the device and without a host sync: its tree
+is then the uniform one (token ids in order), whose every token is in the vocabulary, and the
+target's verification keeps the step lossless (it accepts what it would have sampled anyway). Left
+as they were, such logits made the tree hold ids outside the vocabulary and nodes whose depth
+disagrees with their parent's, which vLLM's input batch cannot take: the engine would stop.
 """
 
 from __future__ import annotations
@@ -303,12 +308,24 @@ def _check_build_args(draft_logits: torch.Tensor, budget: int) -> tuple[int, int
     return batch, depth, vocab
 
 
+def uniform_where_not_finite_(draft_logits: torch.Tensor) -> torch.Tensor:
+    """Zero, in place, the ``[B, D, V]`` logits of every request with a NaN, a ``+inf`` or a depth
+    without a finite logit (see the module docstring); the others are untouched. Returns the tensor.
+
+    A row's max is NaN where it holds a NaN, ``+inf`` where it holds a ``+inf`` and ``-inf`` where
+    nothing in it is finite, so one reduction finds all three; fixed operators, no host sync, so a
+    step keeps its launch sequence and can be captured in a CUDA graph."""
+    finite = torch.isfinite(draft_logits.amax(dim=-1)).all(dim=-1)  # [B]
+    return draft_logits.masked_fill_(~finite[:, None, None], 0.0)
+
+
 def build_trees(draft_logits: torch.Tensor, budget: int, *, kernels: bool | None = None) -> DDTree:
     """Build one DDTree per request from its drafter logits.
 
     Args:
         draft_logits: ``[B, D, V]`` float, the drafter's logits for draft positions ``1..D`` of each
-            request (any float dtype, any device; no NaN, no ``+inf``, each row with a finite logit).
+            request (any float dtype, any device). A request's logits that are not finite are
+            replaced by zeros in place (:func:`uniform_where_not_finite_`).
         budget: ``N``, the number of nodes per tree (the root not counted); at most the number of
             distinct prefixes, which any real vocabulary exceeds.
         kernels: build with the Triton kernels of ``ddtree_kernels`` (six launches) instead of torch
@@ -328,6 +345,7 @@ def build_trees(draft_logits: torch.Tensor, budget: int, *, kernels: bool | None
     the global first ``budget``.
     """
     batch, num_depths, vocab = _check_build_args(draft_logits, budget)
+    uniform_where_not_finite_(draft_logits)
     fused = _use_kernels(draft_logits, kernels)
     if fused is not None:
         tokens, depth, parent, scores, mask, offsets = fused.build(
