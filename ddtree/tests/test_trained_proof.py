@@ -106,3 +106,20 @@ def test_summary_judges_identity_real_text_and_distribution(tmp_path):
     looped = s["real_text"]["ddtree15_bf16"]["not_real_text"][0]
     assert looped["why"].startswith("2 distinct tokens") and looped["departed"]
     assert s["acceptance"]["ddtree32_bf16"]["greedy_batch1"]["mean_acceptance_length"] == 4.0
+
+
+def test_a_mode_run_on_every_fourth_prompt_is_judged_against_the_same_prompts(tmp_path):
+    assert proof.prompt_stride(proof.run_config("ddtree32_bf16_graphs")) == 4
+    assert proof.prompt_stride(proof.run_config("ddtree32_bf16_nan")) == 4
+    assert proof.prompt_stride(proof.run_config("ddtree32_fp16")) == 1
+    ys = [_text(s) for s in range(8)]
+    top2 = [[[[t, 10.0], [t + 1, 9.0]] for t in y] for y in ys]
+    base = {"config": proof.run_config("target_bf16"), "greedy_batch1": _greedy(ys, top2=top2)}
+    # prompts 0 and 4; prompt 4's output departs at token 7 where the target's gap is wide
+    sub = [ys[0], [*ys[4][:7], 4001, *ys[4][8:]]]
+    nan = {"config": proof.run_config("ddtree32_bf16_nan"), "greedy_batch1": _greedy(sub) | {"prompt_ids": [0, 4]}}
+    for name, r in (("target_bf16", base), ("ddtree32_bf16_nan", nan)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(r))
+    v = proof.summarise("unused", str(tmp_path))["identity"]["ddtree32_bf16_nan"]["greedy_batch1"]
+    assert v["compared"] == 2 and v["identical"] == 1
+    assert v["departures"][0]["prompt"] == 4 and v["departures"][0]["at"] == 7 and not v["only_near_ties"]

@@ -14,8 +14,9 @@ makes it take minutes (about 5 per pair on an H100).
 2. lets the target write on-policy text: continuations of ``GEN`` tokens from training-stream
    prefixes of 32 to 1400 tokens, half greedy, half sampled at temperature 0.7 with top-p 0.95 and
    top-k 20 (Qwen's recommended settings), the decoding a served model does;
-3. trains the DFlash drafter on it: blocks anchored in the continuations (the anchor token, then
-   15 mask tokens; the context is every position before the anchor), the target's hidden states at
+3. trains the DFlash drafter on it and, every other step, on windows of the training stream: blocks
+   anchored there (the anchor token, then 15 mask tokens; the context is every position before the
+   anchor), 16 blocks per sequence, the target's hidden states at
    the tapped layers as context, the target's own next-token distribution at each block position
    as the label (cross-entropy, positions weighted exp(-(j-1)/7));
 4. writes the drafter's weights and has the project's drafter_config code write its config.json
@@ -60,6 +61,8 @@ PROMPTS_PER_LENGTH = 4
 CANDIDATES_PER_LENGTH = 48
 PROOF_TOKENS = 128
 SAMPLED_PREFIX_LENGTHS = (24, 64, 160, 400)
+DRAFT_WINDOW = 1024  # training-stream windows the drafter also learns from
+DRAFT_MIN_CONTEXT = 16  # their first anchor
 SEED = 0
 
 
@@ -258,15 +261,19 @@ def on_policy(lm, root: str, dev, deadline: float) -> list[tuple[int, torch.Tens
 
 
 # --------------------------------------------------------------------------- drafter
-def train_drafter(kind: str, lm, data, steps: int, deadline: float, dev) -> tuple[models.Drafter, dict]:
+def train_drafter(kind: str, lm, data, root: str, steps: int, deadline: float, dev) -> tuple[models.Drafter, dict]:
+    """Every other step a batch of the target's own continuations, else windows of the training
+    stream: the labels are the target's distributions either way, and the stream costs no generation
+    (the hybrid's generation is slow), so the drafter sees far more contexts in its time."""
     torch.manual_seed(SEED + 3)
+    train = load_stream(root, "train", dev)
     ids = models.drafter_layer_ids(models.LAYERS, len(models.DRAFT_LAYER_TYPES))
     drafter = models.Drafter(models.DrafterShape(taps=len(ids))).to(dev)
     embed, head = lm.get_input_embeddings(), lm.get_output_embeddings()
     opt = torch.optim.AdamW(drafter.parameters(), lr=1.5e-3, betas=(0.9, 0.95), weight_decay=0.01)
     weights = models.loss_weights(dev)
     g = torch.Generator(device=dev).manual_seed(SEED + 4)
-    anchors_per_seq = 8
+    anchors_per_seq = 16  # blocks per sequence share one target forward, the costly part
     t0 = time.time()
     done, losses = 0, []
     plan = Plan(steps, deadline)
@@ -275,9 +282,13 @@ def train_drafter(kind: str, lm, data, steps: int, deadline: float, dev) -> tupl
             break
         for group in opt.param_groups:
             group["lr"] = models.cosine_lr(step, plan.steps, 1.5e-3, 50)
-        p, seqs = data[int(torch.randint(0, len(data), (1,), generator=g, device=dev))]
-        pick = torch.randint(0, len(seqs), (min(len(seqs), max(4, 8192 // (p + GEN))),), generator=g, device=dev)
-        seq = seqs[pick]
+        if step % 2:
+            starts = torch.randint(0, len(train) - DRAFT_WINDOW - 1, (8192 // DRAFT_WINDOW,), device=dev, generator=g)
+            p, seq = DRAFT_MIN_CONTEXT, windows(train, starts, DRAFT_WINDOW)
+        else:
+            p, seqs = data[int(torch.randint(0, len(data), (1,), generator=g, device=dev))]
+            pick = torch.randint(0, len(seqs), (min(len(seqs), max(4, 8192 // (p + GEN))),), generator=g, device=dev)
+            seq = seqs[pick]
         loss = drafter_loss(drafter, lm, embed, head, seq, p, anchors_per_seq, ids, weights, g)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -438,7 +449,7 @@ def cmd_pair(kind: str, root: str, target_steps: int, drafter_steps: int, deadli
     os.makedirs(out, exist_ok=True)
     seconds: dict[str, float] = {}
     t = time.time()
-    lm, target_report = train_target(kind, root, target_steps, t_start + 0.5 * deadline_s, dev)
+    lm, target_report = train_target(kind, root, target_steps, t_start + 0.45 * deadline_s, dev)
     models.set_mask_embedding(lm.get_input_embeddings().weight, SEED + 6)
     tdir = os.path.join(out, "target")
     models.save_target(kind, lm, tdir)
@@ -449,10 +460,10 @@ def cmd_pair(kind: str, root: str, target_steps: int, drafter_steps: int, deadli
     for p in lm.parameters():
         p.requires_grad_(False)
     t = time.time()
-    data = on_policy(lm, root, dev, t_start + 0.62 * deadline_s)
+    data = on_policy(lm, root, dev, t_start + 0.52 * deadline_s)
     seconds["on_policy_text"] = round(time.time() - t, 1)
     t = time.time()
-    drafter, drafter_report = train_drafter(kind, lm, data, drafter_steps, t_start + 0.87 * deadline_s, dev)
+    drafter, drafter_report = train_drafter(kind, lm, data, root, drafter_steps, t_start + 0.82 * deadline_s, dev)
     drafter_report.update(evaluate_drafter(drafter, lm, root, dev))
     drafter_report.update(save_drafter(drafter, os.path.join(out, "drafter"), tdir))
     seconds["drafter"] = round(time.time() - t, 1)
