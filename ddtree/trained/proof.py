@@ -315,9 +315,8 @@ def cmd_reference(pair: str, out: str, budgets: list[int], device: str, decision
             entry = ref.simulate(p, methods, GEN_TOKENS, mask_verify=ref.kind == "attention")
             res["prompts"].append(entry)
         entry["decisions"] = ref.decisions(p, entry["continuation"], methods)
-        if i % 8 == 0:
-            print(f"reference {i}/{len(prompts)} ({time.time() - t0:.0f}s)", flush=True)
-            _write(path, res)
+        print(f"reference {i + 1}/{len(prompts)} ({time.time() - t0:.0f}s)", flush=True)
+        _write(path, res)  # each prompt as it ends: a run cut by its time keeps what it did
     res["seconds"] = round(time.time() - t0, 1)
     res["done"] = True
     _write(path, res)
