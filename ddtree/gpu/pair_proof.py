@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """GPU proof for the ddtree change set on vLLM 0.20.1 (needs an NVIDIA GPU; see docs/ddtree_patch.md).
 
+Run from the repository root: ``python3 -m ddtree.gpu.pair_proof SUB-COMMAND ...``.
+
 Sub-commands:
 
-  apply SITE_PACKAGES     apply the change set (roles/ddtree_patch/files) to the vLLM installed in
+  apply SITE_PACKAGES     apply the change set (ddtree/vllm-<release>/) to the vLLM installed in
                           SITE_PACKAGES with module_utils/vllm_changeset (the vllm_patch module's
                           engine); re-apply must change nothing. Prints a JSON report.
   make-models DIR         tiny random models (bf16): target/ (pure-attention Qwen3, 8 layers, vocab 64,
@@ -24,7 +26,7 @@ Sub-commands:
   summarise OUT           rebuild OUT/summary.json from the runs' NAME.json and NAME.log a driver left
                           in OUT (when the driver was stopped, or only the runs' files were kept).
 
-The tree build + walk benchmark is benchmarks/ddtree_tree_bench.py; the service_swap unit's GPU
+The tree build + walk benchmark is ddtree/bench/tree_bench.py; the service_swap unit's GPU
 check is tests/gpu/serve_check.py.
 
 How the drafter agrees "often but not always" (a weakened forced-acceptance construction): every
@@ -47,16 +49,11 @@ import time
 import traceback
 from pathlib import Path
 
-HERE = Path(__file__).resolve()
-REPO = HERE.parents[2]
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(REPO / "plugins" / "filter"))
-sys.path.insert(0, str(REPO / "benchmarks"))
-from ddtree_method import ddtree_cudagraph_sizes  # noqa: E402
-from repo_module_utils import use_repo_module_utils  # noqa: E402
-from step_cost import hybrid_engine_args  # noqa: E402
+from ddtree import HOME, REPO, repo
+from ddtree.bench.step_cost import hybrid_engine_args
 
-use_repo_module_utils()
+# The CUDA-graph sizes service_swap renders for DDTree: the proof runs what the role deploys.
+ddtree_cudagraph_sizes = repo.repo_file("plugins/filter/ddtree_method.py").ddtree_cudagraph_sizes
 
 VOCAB = 64
 HIDDEN = 256
@@ -144,9 +141,9 @@ def choose_prompts(model) -> tuple[list[list[int]], list[dict]]:
 
 # ---------------------------------------------------------------------------
 def cmd_apply(site: str) -> int:
-    import vllm_changeset as cs
+    cs = repo.module_util("vllm_changeset")
 
-    root = str(REPO / "roles" / "ddtree_patch" / "files")
+    root = str(HOME)
     install_version = None
     meta = sorted(Path(site).glob("vllm-*.dist-info/METADATA"))
     for m in meta:
@@ -330,7 +327,7 @@ def _write_drafter(root: str, name: str, sd: dict, target_dir: str, **layers) ->
 
     No hand-written config: the proof is that vLLM runs the config the project generates.
     """
-    import dflash_drafter
+    dflash_drafter = repo.module_util("dflash_drafter")
     from safetensors.torch import save_file
 
     d = os.path.join(root, name)
@@ -788,8 +785,8 @@ def cmd_driver(
                 continue
             res = os.path.join(out, f"{name}.json")
             log = open(os.path.join(out, f"{name}.log"), "w")  # noqa: SIM115 - closed after the wave
-            cmd = [sys.executable, str(HERE), "gen", "--result", res, "--model", f"{models}/target"]
-            p = subprocess.Popen(cmd + args, stdout=log, stderr=subprocess.STDOUT)
+            cmd = [sys.executable, "-m", "ddtree.gpu.pair_proof", "gen", "--result", res, "--model", f"{models}/target"]
+            p = subprocess.Popen(cmd + args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
             jobs.append((name, p, res, log))
         for name, p, res, log in jobs:
             try:

@@ -6,10 +6,10 @@ when ``VLLM_CUSTOM_SCOPES_FOR_PROFILING=1``); the first (the prefill) and the la
 are left out. Per step: the wall time, the time the GPU is busy (the union of kernel, memcpy and
 memset intervals), the idle time and, for each idle gap, the host scope the engine was inside when
 it opened (the innermost one), the CUDA runtime calls (launches, graph replays, synchronisations)
-and the heaviest kernels and host ops. ``benchmarks/step_cost.py run --profile`` writes one
+and the heaviest kernels and host ops. ``python3 -m ddtree.bench.step_cost run --profile`` writes one
 summary per case; this also reads a trace directly:
 
-    python3 benchmarks/step_profile.py /tmp/prof/<worker>.pt.trace.json.gz
+    python3 -m ddtree.bench.step_profile /tmp/prof/<worker>.pt.trace.json.gz
 """
 
 from __future__ import annotations

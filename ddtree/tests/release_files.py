@@ -14,10 +14,11 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from ansible.module_utils import vllm_changeset as cs
+from ddtree import HOME, repo
 
-REPO = Path(__file__).resolve().parents[2]
-CHANGESET_ROOT = str(REPO / "roles" / "ddtree_patch" / "files")
+cs = repo.module_util("vllm_changeset")  # what vllm_patch applies on a node
+
+CHANGESET_ROOT = str(HOME)
 WHEEL_DIR = Path(os.environ.get("DFLASH_LAB_WHEELS", "/var/cache/dflash-lab/wheels"))
 
 

@@ -1,4 +1,4 @@
-"""tests/gpu/ddtree_gpu.py's judgements, which the GPU runs' summaries rest on, on the CPU."""
+"""ddtree/gpu/pair_proof.py's judgements, which the GPU runs' summaries rest on, on the CPU."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def ddtree_gpu(gpu_script):
+def ddtree_gpu():
     """The GPU driver's judgements, importable on the CPU."""
-    return gpu_script("ddtree_gpu")
+    from ddtree.gpu import pair_proof
+
+    return pair_proof
 
 
 REFUSED = "DDTree tree verification (speculative method 'ddtree') cannot honour logprobs ..."

@@ -1,4 +1,4 @@
-"""DDTree's accepted-path moves as one launch per kind (roles/ddtree_patch/files/common/ddtree_moves.py).
+"""DDTree's accepted-path moves as one launch per kind (ddtree/common/ddtree_moves.py).
 
 ``compact`` (the runtime, vllm-0.20.1/added/ddtree.py) is run twice on the same step and the same
 caches: with torch indexing (the definition) and with the kernels in Triton's interpreter. The
@@ -12,10 +12,11 @@ take (the runtime then keeps torch indexing for them).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
+
+from ddtree import HOME
 
 # On a machine with an NVIDIA GPU the same tests run the compiled kernels on it (where programs
 # really run side by side), plus one cache too large for 32-bit offsets.
@@ -26,7 +27,7 @@ pytestmark = [
         DEV.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1",
         reason="runs the kernels on a GPU, or in Triton's interpreter (TRITON_INTERPRET=1) on the CPU",
     ),
-    pytest.mark.usefixtures("interpreter_scalar_index"),  # tests/unit/conftest.py
+    pytest.mark.usefixtures("interpreter_scalar_index"),  # ddtree/tests/conftest.py
 ]
 
 WIDTH = 4  # the Gated DeltaNet convolution's kernel width
@@ -208,10 +209,7 @@ def test_the_runner_s_new_caches_get_new_tables(dd):
 
 
 def test_the_runner_forgets_the_tables_where_it_allocates_its_caches():
-    diff = (
-        Path(__file__).resolve().parents[2]
-        / "roles/ddtree_patch/files/vllm-0.20.1/patches/vllm__v1__worker__gpu_model_runner.py.diff"
-    ).read_text()
+    diff = (HOME / "vllm-0.20.1/patches/vllm__v1__worker__gpu_model_runner.py.diff").read_text()
     allocate = diff.index("initialize_kv_cache_tensors(")
     assert "+            self.ddtree.forget_tables()" in diff[allocate : allocate + 800]
 

@@ -1,7 +1,7 @@
-"""DDTree tree building and walking (roles/ddtree_patch/files/common/ddtree_tree.py), on CPU and CUDA.
+"""DDTree tree building and walking (ddtree/common/ddtree_tree.py), on CPU and CUDA.
 
 Checked three ways: against brute force over every prefix of small vocabularies, against the
-paper's best-first heap (tests/unit/ddtree_heap_reference.py) on random logits, and on hand-written
+paper's best-first heap (ddtree/heap_reference.py) on random logits, and on hand-written
 trees with literal expected tensors. The CUDA tests run only where a GPU is present.
 """
 
@@ -12,17 +12,16 @@ import itertools
 import math
 import os
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ddtree_heap_reference as ref
+from ddtree import HOME
+from ddtree import heap_reference as ref
 
-MODULE_PATH = Path(__file__).resolve().parents[2] / "roles/ddtree_patch/files/common/ddtree_tree.py"
+MODULE_PATH = HOME / "common/ddtree_tree.py"
 
 
 def _load() -> ModuleType:
@@ -36,7 +35,7 @@ def _load() -> ModuleType:
 
 if not torch.cuda.is_available():
     # The Triton kernels run in Triton's interpreter on the CPU (slowly: the kernel tests use small
-    # shapes). Triton reads this when first imported; tests/conftest.py sets it before anything
+    # shapes). Triton reads this when first imported; ddtree/tests/conftest.py sets it before anything
     # imports Triton, this covers a run of this file alone without it.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 dt = _load()

@@ -16,9 +16,9 @@ hybrid, + Qwen3.6-27B-DFlash with its sliding-window layers). The drafters' conf
 module_utils/dflash_drafter (what the drafter_config role writes), the 27B target's from
 tests/fakes/target_model.py (the real layout).
 
-    python3 benchmarks/step_cost.py plan --shapes 8b,27b              # cases and the time they need
-    python3 benchmarks/step_cost.py run --shapes 8b --out /tmp/steps   # needs vLLM 0.20.1 + the change set
-    python3 benchmarks/step_cost.py table /tmp/steps                   # the table, ratios to the chain
+    python3 -m ddtree.bench.step_cost plan --shapes 8b,27b              # cases and the time they need
+    python3 -m ddtree.bench.step_cost run --shapes 8b --out /tmp/steps   # needs vLLM 0.20.1 + the change set
+    python3 -m ddtree.bench.step_cost table /tmp/steps                   # the table, ratios to the chain
 
 A 27B case starts in about 4.5 minutes with cold caches (compilation and warm-up), an 8B case in
 about two minutes, so one 10-minute call holds three 8B cases or one 27B case: ``plan`` splits them
@@ -41,14 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "fakes"))
-sys.path.insert(0, str(REPO / "tests" / "gpu"))
-sys.path.insert(0, str(REPO / "plugins" / "filter"))
-from ddtree_method import ddtree_cudagraph_sizes  # noqa: E402
-from repo_module_utils import use_repo_module_utils  # noqa: E402
+from ddtree import REPO, repo
 
-use_repo_module_utils()
+# The CUDA-graph sizes service_swap renders for DDTree: the benchmark measures what the role deploys.
+ddtree_cudagraph_sizes = repo.repo_file("plugins/filter/ddtree_method.py").ddtree_cudagraph_sizes
 
 DEPTH = 15  # block size 16
 # name -> DDTree budget (None: the target alone, 0: the DFlash chain). chain_sync and ddtree16_sync
@@ -124,7 +120,7 @@ def shape_engine_args(shape: str) -> dict[str, Any]:
 def target_config(shape: str) -> dict[str, Any]:
     if shape == "8b":
         return qwen3_8b_config()
-    import target_model
+    target_model = repo.repo_file("tests/fakes/target_model.py")
 
     return target_model.config()
 
@@ -159,7 +155,7 @@ def drafter_tensors(published) -> dict[str, tuple[str, list[int]]]:
 
 def write_models(shape: str, root: Path) -> tuple[Path, Path]:
     """config.json of the target and of its drafter, under root/<shape>/."""
-    import dflash_drafter
+    dflash_drafter = repo.module_util("dflash_drafter")
 
     target = root / shape / "target"
     drafter = root / shape / "drafter"
@@ -451,7 +447,7 @@ def run_case(
             }
         )
     if profile is not None:
-        import step_profile
+        from ddtree.bench import step_profile
 
         prompt = [
             TokensPrompt(prompt_token_ids=[rng.randrange(vocab // 2) for _ in range(min(CONTEXTS))])
@@ -531,7 +527,18 @@ def main() -> int:
         for shape in shapes:
             for method in methods:
                 log = a.out / f"{shape}_{method}.log"
-                cmd = [sys.executable, __file__, "case", shape, method, "--out", str(a.out), "--tokens", str(a.tokens)]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "ddtree.bench.step_cost",
+                    "case",
+                    shape,
+                    method,
+                    "--out",
+                    str(a.out),
+                    "--tokens",
+                    str(a.tokens),
+                ]
                 cmd += ["--run", run]
                 if a.profile:
                     cmd += ["--profile", str(a.out / "profile"), "--profile-batch", str(a.profile_batch)]
@@ -542,7 +549,7 @@ def main() -> int:
                 with log.open("w") as f:
                     try:
                         rc = subprocess.run(
-                            cmd, stdout=f, stderr=subprocess.STDOUT, env=case_env(os.environ), timeout=timeout
+                            cmd, stdout=f, stderr=subprocess.STDOUT, env=case_env(os.environ), timeout=timeout, cwd=REPO
                         ).returncode
                     except subprocess.TimeoutExpired:
                         rc = f"timed out after {timeout} s"

@@ -1,17 +1,15 @@
-"""benchmarks/ddtree_expand_parts.py edits the kernels' source by text: these tests fail when
+"""ddtree/bench/expand_parts.py edits the kernels' source by text: these tests fail when
 the kernels change under it, before anyone spends GPU time finding out."""
 
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import ddtree_expand_parts as parts  # which imports ddtree_tree_bench from the same folder
+from ddtree.bench import expand_parts as parts
 
 
 def test_every_part_is_found_once_in_the_kernels_source() -> None:

@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import ast
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import release_files
 
-FAKES = Path(__file__).resolve().parents[1] / "fakes"  # vLLM's KV-cache specs, as stand-ins
-if str(FAKES) not in sys.path:
-    sys.path.insert(0, str(FAKES))
-from vllm_modules import (  # noqa: E402
+from ddtree.tests import release_files
+from ddtree.tests.vllm_modules import (  # vLLM's KV-cache specs, as stand-ins
     Attention,
     FullAttentionSpec,
     MambaSpec,

@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import release_files
-from fakes.vllm_modules import GDN_KERNELS, load_ddtree_runtime, load_gdn_kernels
+from ddtree.tests import release_files
+from ddtree.tests.vllm_modules import GDN_KERNELS, load_ddtree_runtime, load_gdn_kernels
 
 INTERPRETER = not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "1"
 needs_interpreter = pytest.mark.skipif(not INTERPRETER, reason="runs the kernels in Triton's interpreter (CPU)")

@@ -1,19 +1,13 @@
-"""benchmarks/step_profile.py: per-step figures from a Chrome trace, on a hand-made trace."""
+"""ddtree/bench/step_profile.py: per-step figures from a Chrome trace, on a hand-made trace."""
 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "step_profile", Path(__file__).resolve().parents[2] / "benchmarks" / "step_profile.py"
-)
-step_profile = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(step_profile)
+from ddtree.bench import step_profile
 
 
 def x(cat: str, name: str, ts: float, dur: float) -> dict:

@@ -1,4 +1,4 @@
-"""DDTree's tree attention in two parts (roles/ddtree_patch/files/common/ddtree_attention.py), on the CPU.
+"""DDTree's tree attention in two parts (ddtree/common/ddtree_attention.py), on the CPU.
 
 The prefix part is FlashAttention's on a GPU; here a float32 reference computes it (output and
 log-sum-exp, in FlashAttention's layout), and the tree kernel runs in Triton's interpreter. The
@@ -13,20 +13,21 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
-MODULE_PATH = Path(__file__).resolve().parents[2] / "roles/ddtree_patch/files/common/ddtree_attention.py"
+from ddtree import HOME
+
+MODULE_PATH = HOME / "common/ddtree_attention.py"
 
 pytestmark = [
     pytest.mark.skipif(
         torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1",
         reason="runs the kernel in Triton's interpreter (CPU)",
     ),
-    pytest.mark.usefixtures("interpreter_scalar_index"),  # tests/unit/conftest.py
+    pytest.mark.usefixtures("interpreter_scalar_index"),  # ddtree/tests/conftest.py
 ]
 
 

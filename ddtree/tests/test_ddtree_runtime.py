@@ -2,7 +2,7 @@
 
 The runtime's logic runs on torch alone: trees kept per request between steps, depth-based
 positions and per-request attention bias for verification, the walk and its output layout, and
-the compaction of the accepted path. vLLM itself is replaced by tests/fakes/vllm_modules.py.
+the compaction of the accepted path. vLLM itself is replaced by ddtree/tests/vllm_modules.py.
 """
 
 from __future__ import annotations

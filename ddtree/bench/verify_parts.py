@@ -19,7 +19,7 @@ served from L2 that a real step would read from memory:
   spec-decode kernel, ``gdn_tree``: the same kernel following each node's parent) and the
   convolution (``conv_chain``, ``conv_tree``), with random trees of the given size.
 
-    python3 benchmarks/verify_parts.py --out /tmp/parts.json     # needs a GPU and vLLM + the change set
+    python3 -m ddtree.bench.verify_parts --out /tmp/parts.json     # needs a GPU and vLLM + the change set
 
 Prints ms per layer call and, per (shape, batch, context), the sum over the model's layers:
 what a step spends in these parts.

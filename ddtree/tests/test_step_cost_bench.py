@@ -1,27 +1,17 @@
-"""benchmarks/step_cost.py's CPU side: the real-shape configs it writes, the call plan and the table."""
+"""ddtree/bench/step_cost.py's CPU side: the real-shape configs it writes, the call plan and the table."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from ddtree.bench import step_cost
 
 
 @pytest.fixture(scope="module")
 def bench():
-    saved = list(sys.path)
-    spec = importlib.util.spec_from_file_location("step_cost", REPO / "benchmarks" / "step_cost.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["step_cost"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.path[:] = saved
-    del sys.modules["step_cost"]
+    return step_cost
 
 
 def test_the_27b_pair_is_the_hybrid_with_its_sliding_drafter(bench, tmp_path):

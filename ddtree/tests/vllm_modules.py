@@ -17,7 +17,9 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-FILES = Path(__file__).resolve().parents[2] / "roles" / "ddtree_patch" / "files"
+from ddtree import HOME
+
+FILES = HOME
 
 
 @dataclass

@@ -14,7 +14,7 @@ with the profile of the chain, which is what vLLM profiles without the change se
 ``profile_step_memory``. What the profile allocated and keeps (the buffer of vLLM's Triton
 top-k/top-p kernel) is held during the step too, so it counts on the step's side.
 
-    python3 tests/gpu/memory_profile_check.py driver /tmp/out [--shape 27b] [--methods ddtree64] [--dtype float16]
+    python3 -m ddtree.gpu.memory_profile_check driver /tmp/out [--shape 27b] [--methods ddtree64] [--dtype float16]
     # writes /tmp/out/memory_profile_<shape>[_float16].json
 
 In float16 the Qwen3.5/3.6 target keeps its captured hidden states in float32 (Gemma-style norms),
@@ -33,8 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
+from ddtree import REPO
 
 BATCH = 16
 BUDGET = 64
@@ -52,10 +51,11 @@ def kept_by_profile_bytes() -> int:
 
 
 def run_case(method: str, shape: str, dtype: str) -> dict:
-    import step_cost
     import torch
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+
+    from ddtree.bench import step_cost
 
     root = Path(tempfile.mkdtemp(prefix="memory_profile_"))
     target, drafter = step_cost.write_models(shape, root)
@@ -147,10 +147,22 @@ def driver(out: Path, shape: str, methods: list[str], dtype: str) -> int:
         log = out / f"memory_profile_{tag}_{method}.log"
         with log.open("w") as f:
             rc = subprocess.run(
-                [sys.executable, __file__, "case", method, str(dest), "--shape", shape, "--dtype", dtype],
+                [
+                    sys.executable,
+                    "-m",
+                    "ddtree.gpu.memory_profile_check",
+                    "case",
+                    method,
+                    str(dest),
+                    "--shape",
+                    shape,
+                    "--dtype",
+                    dtype,
+                ],
                 stdout=f,
                 stderr=subprocess.STDOUT,
                 env=env,
+                cwd=REPO,
             ).returncode
         rows[method] = json.loads(dest.read_text()) if rc == 0 and dest.exists() else {"error": f"exit {rc}: see {log}"}
     summary = summarise(shape, rows, dtype)

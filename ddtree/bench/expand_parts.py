@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where the DDTree expansion kernel's time goes, part by part (NVIDIA GPU with Triton).
 
-The expansion (``_expand`` in roles/ddtree_patch/files/common/ddtree_kernels.py) lists one depth
+The expansion (``_expand`` in ddtree/common/ddtree_kernels.py) lists one depth
 per loop iteration. Each variant below is a copy of the kernels' source in which one part of that
 loop runs twice: the second copy's input is perturbed by a zero read from memory at run time, so
 the compiler cannot fold it away, and its result is dropped through a select on a condition that
@@ -11,7 +11,7 @@ replay of the whole build (vocabulary ranking included) on peaked logits (standa
 the shape where trees go deep.
 
 Usage:
-    python3 benchmarks/ddtree_expand_parts.py --out /tmp/ddtree_expand_parts.json
+    python3 -m ddtree.bench.expand_parts --out /tmp/ddtree_expand_parts.json
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from ddtree_tree_bench import COMMON, load_module, time_events
-from ddtree_tree_bench import dt as tree_module
+
+from ddtree.bench.tree_bench import COMMON, load_module, time_events
+from ddtree.bench.tree_bench import dt as tree_module
 
 # The loop's parts, as they appear in the kernel source, and what running each twice adds.
 MERGE = "            best = tl.bitonic_merge(tl.maximum(best, listed), descending=True)\n"

@@ -13,7 +13,7 @@ Every variant must match the reference (bf16 inputs, float32 math); its time per
 of CUDA-event timings. Shapes: the attention layers of Qwen3-8B (32 query / 8 KV heads, head 128)
 and Qwen3.6-27B (24 / 4, head 256).
 
-    PYTHONPATH=/path/to/patched/site-packages python3 tests/gpu/tree_attn_check.py --out result.json
+    PYTHONPATH=/path/to/patched/site-packages python3 -m ddtree.gpu.tree_attn_check --out result.json
 """
 
 from __future__ import annotations

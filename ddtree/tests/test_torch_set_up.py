@@ -1,4 +1,4 @@
-"""tests/conftest.py (through tests/torch_set_up.py) imports torch only for the test modules that
+"""ddtree/tests/conftest.py (through ddtree/ddtree/tests/torch_set_up.py) imports torch only for the test modules that
 import it, and sets it up for them whichever module ran first (TRITON_INTERPRET before Triton,
 torch._dynamo beside Ansible's sys.intern).
 
@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from torch_set_up import imports_torch
+from ddtree.tests.torch_set_up import imports_torch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,7 +69,7 @@ def test_a_module_without_torch_runs_without_importing_it(tmp_path: Path) -> Non
 def test_a_torch_module_after_ansible_code_gets_the_set_up(tmp_path: Path) -> None:
     # test_inventory_checks.py imports Ansible's controller code (sys.intern wrapped) before
     # test_ddtree_runtime.py imports torch: the order the old conftest had to prevent.
-    probe = _run(tmp_path, "tests/unit/test_inventory_checks.py", "tests/unit/test_ddtree_runtime.py")
+    probe = _run(tmp_path, "tests/unit/test_inventory_checks.py", "ddtree/tests/test_ddtree_runtime.py")
     assert probe["exitstatus"] == 0
     assert probe["torch"] and probe["dynamo"] and probe["triton"]
     assert probe["interpret"] == (None if probe["cuda"] else "1")  # the kernels' tests in Triton's interpreter
@@ -77,8 +77,11 @@ def test_a_torch_module_after_ansible_code_gets_the_set_up(tmp_path: Path) -> No
 
 
 def test_which_modules_count_as_needing_torch(tmp_path: Path) -> None:
-    unit = REPO / "tests" / "unit"
-    needing = sorted(p.name for p in unit.glob("test_*.py") if imports_torch(p))
+    # The Ansible side's tests never import torch; the engine's kernel and runtime tests do.
+    needing = sorted(p.name for p in (REPO / "tests" / "unit").glob("test_*.py") if imports_torch(p))
+    assert needing == []
+    engine = REPO / "ddtree" / "tests"
+    needing = sorted(p.name for p in engine.glob("test_*.py") if imports_torch(p))
     assert needing == [
         "test_ddtree_attention.py",
         "test_ddtree_expand_parts.py",

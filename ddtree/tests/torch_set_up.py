@@ -1,6 +1,6 @@
 """torch for the test modules that need it, set up once before the first of them is imported.
 
-tests/conftest.py calls set_up_torch() before pytest imports a test module that imports torch or
+ddtree/tests/conftest.py calls set_up_torch() before pytest imports a test module that imports torch or
 triton at its top (imports_torch); a run of other modules never imports torch.
 """
 

@@ -3,7 +3,7 @@
 
 For each batch size and node budget, on the same random drafter logits ``[B, D, V]``:
 
-- ``ours``: ``build_trees`` + ``walk_trees`` (roles/ddtree_patch/files/common/ddtree_tree.py) on
+- ``ours``: ``build_trees`` + ``walk_trees`` (ddtree/common/ddtree_tree.py) on
   the logits' device; timed eagerly (CUDA events around the step, GPU idle at its start, so the
   launches count in full), eagerly behind 2 ms of earlier GPU work (``queued``: as the vLLM
   runtime calls it after the drafter's forward pass, the launches overlapping that work) and, on
@@ -14,13 +14,13 @@ For each batch size and node budget, on the same random drafter logits ``[B, D, 
 - ``reference``: what the reference implementation does each step: top-k and log-softmax on the
   device, copy them to the host, best-first heap per request in Python, ancestor mask per request,
   copy the tree (tokens, positions, mask) back to the device, copy the target's tokens to the host
-  and walk child maps (tests/unit/ddtree_heap_reference.py). Timed on the wall clock.
+  and walk child maps (ddtree/heap_reference.py). Timed on the wall clock.
 
 Both sides must produce the same trees and walks; the JSON says whether they did (``agree``).
 
 Usage (any machine with torch; on an NVIDIA GPU the defaults are the figures of record):
-    python3 benchmarks/ddtree_tree_bench.py --out /tmp/ddtree_tree_bench.json
-    python3 benchmarks/ddtree_tree_bench.py --device cpu --vocab 32000 --iters 5 --ref-iters 3 --out x.json
+    python3 -m ddtree.bench.tree_bench --out /tmp/ddtree_tree_bench.json
+    python3 -m ddtree.bench.tree_bench --device cpu --vocab 32000 --iters 5 --ref-iters 3 --out x.json
 """
 
 from __future__ import annotations
@@ -39,13 +39,12 @@ from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "unit"))
-import ddtree_heap_reference as ref  # noqa: E402
+from ddtree import HOME
+from ddtree import heap_reference as ref
 
 
 def load_module(name: str, path: Path) -> ModuleType:
-    """The Python file at ``path`` as module ``name`` (the role's files are not a package)."""
+    """The Python file at ``path`` as module ``name`` (common/ is vLLM's code to be, not a package here)."""
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -54,7 +53,7 @@ def load_module(name: str, path: Path) -> ModuleType:
     return module
 
 
-COMMON = REPO / "roles/ddtree_patch/files/common"
+COMMON = HOME / "common"
 dt = load_module("ddtree_tree", COMMON / "ddtree_tree.py")
 
 
@@ -385,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
 
-    cmd = ["python3", "benchmarks/ddtree_tree_bench.py", *(argv if argv is not None else sys.argv[1:])]
+    cmd = ["python3", "-m", "ddtree.bench.tree_bench", *(argv if argv is not None else sys.argv[1:])]
     report: dict[str, Any] = {
         "benchmark": "ddtree_tree_bench",
         "command": " ".join(cmd),

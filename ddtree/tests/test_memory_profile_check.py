@@ -1,4 +1,4 @@
-"""tests/gpu/memory_profile_check.py's verdict, which the GPU proof of the memory profile rests on."""
+"""ddtree/gpu/memory_profile_check.py's verdict, which the GPU proof of the memory profile rests on."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ GIB = 1 << 30
 
 
 @pytest.fixture(scope="module")
-def check(gpu_script):
+def check():
     """The check's verdict, importable on the CPU."""
-    return gpu_script("memory_profile_check")
+    from ddtree.gpu import memory_profile_check
+
+    return memory_profile_check
 
 
 def case(profile: float, step: float, kept: float = 0.0, tokens: int = 24) -> dict:

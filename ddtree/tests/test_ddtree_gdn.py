@@ -12,24 +12,20 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import release_files
-from fakes.vllm_modules import GDN_KERNELS, load_ddtree_runtime, load_gdn_kernels
+from ddtree.tests import release_files
+from ddtree.tests.vllm_modules import GDN_KERNELS, load_ddtree_runtime, load_gdn_kernels
 
 pytestmark = [
     pytest.mark.skipif(
         torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1",
         reason="runs the kernels in Triton's interpreter (CPU)",
     ),
-    pytest.mark.usefixtures("interpreter_scalar_index"),  # tests/unit/conftest.py
+    pytest.mark.usefixtures("interpreter_scalar_index"),  # ddtree/tests/conftest.py
 ]
 
 H, HV, K, V = 1, 2, 16, 16  # key heads, value heads, key and value head dims

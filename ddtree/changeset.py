@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate a vLLM change set's diffs and digests (maintainer tool, runs on the controller).
 
-    python3 roles/ddtree_patch/files/build_changeset.py --version 0.20.1 \\
+    python3 -m ddtree.changeset --version 0.20.1 \\
         --pristine /tmp/vllm-0.20.1-pristine --patched /tmp/vllm-0.20.1-patched
 
 ``--pristine`` is the unpacked release wheel (``unzip vllm-0.20.1-*.whl``), ``--patched`` the
@@ -15,22 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
-# module_utils import each other as ansible.module_utils.*: make that resolve here too.
-sys.path.insert(0, str(ROOT.parents[2] / "tests" / "gpu"))
-from repo_module_utils import use_repo_module_utils  # noqa: E402
+from ddtree import HOME as ROOT
+from ddtree import repo
 
-use_repo_module_utils()
-
-from vllm_changeset import (  # noqa: E402
-    changeset_dir,
-    load_changeset,
-    make_unified_diff,
-    sha256_bytes,
-)
+# vllm_patch's own change-set engine: what it reads is what this writes.
+cs = repo.module_util("vllm_changeset")
 
 
 def main() -> int:
@@ -40,22 +31,22 @@ def main() -> int:
     parser.add_argument("--patched", type=Path)
     args = parser.parse_args()
 
-    manifest_path = changeset_dir(str(ROOT), args.version) / "manifest.json"
+    manifest_path = cs.changeset_dir(str(ROOT), args.version) / "manifest.json"
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     for entry in manifest["files"]:
         if entry["kind"] == "add":
-            entry["patched_sha256"] = sha256_bytes((ROOT / entry["source"]).read_bytes())
+            entry["patched_sha256"] = cs.sha256_bytes((ROOT / entry["source"]).read_bytes())
         elif args.patched is not None:
             if args.pristine is None:
                 parser.error("--patched needs --pristine")
             pristine = (args.pristine / entry["path"]).read_bytes()
             patched = (args.patched / entry["path"]).read_bytes()
             (ROOT / entry["diff"]).parent.mkdir(parents=True, exist_ok=True)
-            (ROOT / entry["diff"]).write_text(make_unified_diff(entry["path"], pristine, patched), "utf-8")
-            entry["pristine_sha256"] = sha256_bytes(pristine)
-            entry["patched_sha256"] = sha256_bytes(patched)
+            (ROOT / entry["diff"]).write_text(cs.make_unified_diff(entry["path"], pristine, patched), "utf-8")
+            entry["pristine_sha256"] = cs.sha256_bytes(pristine)
+            entry["patched_sha256"] = cs.sha256_bytes(patched)
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    changeset = load_changeset(str(ROOT), args.version, manifest["patchset"])
+    changeset = cs.load_changeset(str(ROOT), args.version, manifest["patchset"])
     print(f"{manifest_path}: {len(changeset.files)} files, manifest sha256 {changeset.manifest_sha256}")
     return 0
 
