@@ -49,11 +49,13 @@ import time
 import traceback
 from pathlib import Path
 
-from ddtree import HOME, REPO, repo
+from ddtree import HOME, REPO, bases, repo
 from ddtree.bench.step_cost import hybrid_engine_args
 
 # The CUDA-graph sizes service_swap renders for DDTree: the proof runs what the role deploys.
 ddtree_cudagraph_sizes = repo.repo_file("plugins/filter/ddtree_method.py").ddtree_cudagraph_sizes
+# The vLLM base this proof runs on (ddtree/vllm-<release>/): its change set and its refusals.
+PROOF_BASE = "0.20.1"
 
 VOCAB = 64
 HIDDEN = 256
@@ -150,7 +152,7 @@ def cmd_apply(site: str) -> int:
         for line in m.read_text().splitlines():
             if line.startswith("Version:"):
                 install_version = line.split(":", 1)[1].strip()
-    changeset = cs.load_changeset(root, install_version or "0.20.1", "ddtree")
+    changeset = cs.load_changeset(root, install_version or PROOF_BASE, "ddtree")
     plan = cs.plan(changeset, site, cs.PRESENT)
     changed = cs.execute(plan)
     again = cs.plan(changeset, site, cs.PRESENT)
@@ -470,14 +472,9 @@ def _mal(m: dict) -> float | None:
     return round(1 + acc / drafts, 4)
 
 
-# Sampling parameters DDTree refuses when a request arrives (docs/ddtree_patch.md); the target
-# alone and the chain serve them.
-REFUSAL_PROBES = {
-    "logprobs": {"temperature": 0, "logprobs": 1},
-    "repetition_penalty": {"temperature": 0, "repetition_penalty": 1.2},
-    "min_tokens": {"temperature": 0, "min_tokens": 2},
-    "seed_sampled": {"temperature": 0.8, "seed": 1},
-}
+# Sampling parameters DDTree refuses when a request arrives (docs/ddtree_patch.md), as the base's
+# descriptor lists them; the target alone and the chain serve them all.
+REFUSAL_PROBES = bases.load(PROOF_BASE)["refuses"]["probes"]
 
 
 def _top2(output) -> list[list[list[float]]]:
