@@ -163,7 +163,9 @@ def test_ddtree_patch_consumes_the_change_set_by_its_digest(tmp_path: Path) -> N
     # A copy of the engine's 0.20.1 base whose manifest was edited without its descriptor.
     base = tmp_path / "engine" / "vllm-0.20.1"
     base.mkdir(parents=True)
-    (base / "base.json").write_text((REPO / "ddtree" / "vllm-0.20.1" / "base.json").read_text())
+    descriptor = (REPO / "ddtree" / "vllm-0.20.1" / "base.json").read_text()
+    (base / "base.json").write_text(descriptor)
+    expected = json.loads(descriptor)["changeset"]["manifest_sha256"]
     (base / "manifest.json").write_text((REPO / "ddtree" / "vllm-0.20.1" / "manifest.json").read_text() + " ")
     rc, errors = run_preflight(tmp_path, "ddtree_patch", {"_ddtree_patch_engine": str(tmp_path / "engine")})
     assert rc == 2
@@ -173,8 +175,8 @@ def test_ddtree_patch_consumes_the_change_set_by_its_digest(tmp_path: Path) -> N
         " has sha256 "
     )
     assert errors[0].endswith(
-        "base.json expects 57e0bca56a9ca460ac077b6d715f6d57563208b14bbc156d3f653a4682921000. Rebuild it (python3 -m"
-        " ddtree.changeset) and record the new digest in base.json, or check out a consistent tree. Fix them in the inventory."
+        f"base.json expects {expected}. Rebuild it (python3 -m ddtree.changeset) and record the new digest in"
+        " base.json, or check out a consistent tree. Fix them in the inventory."
     )
 
 
