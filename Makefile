@@ -14,7 +14,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_INJECT_FACT_VARS := False
 export MOLECULE_GLOB := tests/molecule/*/molecule.yml
 
-PY_DIRS := library module_utils plugins tests roles benchmarks playbooks
+PY_DIRS := library module_utils plugins tests roles benchmarks playbooks ddtree
 
 .PHONY: help host-deps venv lab lab-down lint unit molecule test
 

@@ -73,7 +73,7 @@ EXAMPLES = r"""
 - name: Apply the DDTree change set kept on the controller to vLLM 0.20.1
   vllm_patch:
     venv: /opt/vllm/0.20.1
-    changeset_src: roles/ddtree_patch/files
+    changeset_src: ddtree
     state: present
 
 - name: Apply a change set already on the node

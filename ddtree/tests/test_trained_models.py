@@ -145,14 +145,10 @@ def test_heap_tree_matches_the_engines_tree_definition():
     """The reference's heap and the change set's batched build keep the same prefixes."""
     import importlib.util
     import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
-    path = next(
-        p
-        for p in (root / "ddtree/vllm_files/ddtree_tree.py", root / "roles/ddtree_patch/files/common/ddtree_tree.py")
-        if p.exists()
-    )
+    from ddtree import HOME
+
+    path = HOME / "common/ddtree_tree.py"
     spec = importlib.util.spec_from_file_location("ddtree_tree_for_reference_test", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod

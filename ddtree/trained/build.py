@@ -370,7 +370,9 @@ def save_drafter(drafter: models.Drafter, out_dir: str, target_dir: str) -> dict
     """The weights, then config.json from drafter_config's own code reading the file's header."""
     from safetensors.torch import save_file
 
-    from ddtree.trained.module_utils import dflash_drafter, safetensors_header
+    from ddtree.repo import module_util
+
+    dflash_drafter, safetensors_header = module_util("dflash_drafter"), module_util("safetensors_header")
 
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "model.safetensors")

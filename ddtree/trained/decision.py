@@ -20,19 +20,14 @@ import argparse
 import json
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from ddtree import HOME
+
 STEP_COST_FILES = ("step_cost_27b_budgets_h200.json", "step_cost_27b_h200.json")
 STEP_COST_METHOD = {"chain": "chain", "ddtree15": "ddtree16", "ddtree32": "ddtree32", "ddtree64": "ddtree64"}
 
 
 def default_step_costs() -> list[Path]:
-    found = []
-    for name in STEP_COST_FILES:
-        for where in (REPO / "ddtree" / "results", REPO / "tests" / "gpu" / "results"):
-            if (where / name).exists():
-                found.append(where / name)
-                break
-    return found
+    return [HOME / "results" / name for name in STEP_COST_FILES if (HOME / "results" / name).exists()]
 
 
 def step_costs(files: list[Path], context: int) -> dict[tuple[str, int], tuple[float, str]]:

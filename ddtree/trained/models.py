@@ -319,7 +319,9 @@ def block_mask(anchors: torch.Tensor, T: int, window: int | None) -> torch.Tenso
 
 def drafter_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
     """DFlash's tapped target layers, from the project's own drafter_config rule (one fact, one place)."""
-    from ddtree.trained.module_utils import dflash_drafter
+    from ddtree.repo import module_util
+
+    dflash_drafter = module_util("dflash_drafter")
 
     return dflash_drafter.target_layer_ids_rule(num_target_layers, num_draft_layers)
 

@@ -55,13 +55,7 @@ PURE_SAMPLING = {"temperature": 1.0}
 
 def _pair_proof():
     """The near-tie rule and engine helpers of the random-pair proof (one rule for both proofs)."""
-    try:
-        return importlib.import_module("ddtree.gpu.pair_proof")
-    except ImportError:
-        spec = importlib.util.spec_from_file_location("ddtree_gpu", REPO / "tests" / "gpu" / "ddtree_gpu.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
+    return importlib.import_module("ddtree.gpu.pair_proof")
 
 
 def run_config(name: str) -> dict:

@@ -31,7 +31,7 @@ def read_manifests(src: str) -> dict[str, str]:
     if not base.is_dir():
         raise AnsibleActionFail(
             f"changeset_src {src} is not a directory on the controller; point it at the directory "
-            "that holds vllm-<version>/manifest.json (the ddtree_patch role's files/)."
+            "that holds vllm-<version>/manifest.json (the repository's ddtree/, the DDTree engine's home)."
         )
     out: dict[str, str] = {}
     for manifest in sorted(base.glob(f"vllm-*/{MANIFEST}")):

@@ -1,5 +1,6 @@
 """Fixtures shared by the unit tests: the lab's stand-in target model, small real filesystems (realfs),
-Triton's interpreter for the DDTree kernels' tests on the CPU, and the tests/gpu scripts' CPU parts."""
+a deadline for "never hangs" tests, and the tests/gpu scripts' CPU parts. (The DDTree engine's
+fixtures are in ddtree/tests/conftest.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import pytest
 import realfs
 
 TARGET_MODEL = Path(__file__).resolve().parents[2] / "tests" / "fakes" / "target_model.py"
-FAKES = Path(__file__).resolve().parents[1] / "fakes"
 GPU_TESTS = Path(__file__).resolve().parents[1] / "gpu"
 
 
@@ -55,24 +55,6 @@ def fuse_dir(tmp_path) -> Iterator[Path]:
         yield _mount_or_skip(stack, realfs.fuse_ext4(tmp_path / "fuse", tmp_path / "fuse.img", "16M"))
 
 
-@pytest.fixture(scope="module")
-def interpreter_scalar_index() -> Iterator[None]:
-    """Triton 3.6's interpreter turns a loaded scalar into a Python int with ``int(array)``, which
-    numpy 2 refuses for its one-element arrays; the kernels loop ``range(n)`` over such a scalar (a
-    sequence's length). Index through the array's one element instead, for the tests that ask."""
-    import triton.runtime.interpreter as interpreter
-
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
-    yield
-    interpreter._patch_lang_tensor = original
-
-
 class Hung(BaseException):
     """What ``deadline`` raises in a call that did not return in time (a BaseException: no `except Exception` in
     the code under test can swallow it)."""
@@ -97,23 +79,6 @@ def deadline() -> Iterator[Callable[[float], contextlib.AbstractContextManager[N
             signal.signal(signal.SIGALRM, previous)
 
     yield within
-
-
-@pytest.fixture(scope="module")
-def dd():
-    """The DDTree runtime the change set adds to vLLM 0.20.1 (``vllm/v1/spec_decode/ddtree.py``),
-    loaded with tests/fakes/vllm_modules.py standing in for vLLM; the stand-ins leave sys.modules
-    again, so that no other test sees a fake ``vllm``."""
-    if str(FAKES) not in sys.path:
-        sys.path.insert(0, str(FAKES))
-    import vllm_modules
-
-    before = set(sys.modules)
-    module = vllm_modules.load_ddtree_runtime()
-    for name in set(sys.modules) - before:
-        if name == "vllm" or name.startswith("vllm."):
-            del sys.modules[name]
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import release_files
 from ddtree_method import (
     ddtree_cudagraph_sizes,
     ddtree_fallback_reason,
@@ -18,6 +17,8 @@ from ddtree_method import (
     draft_slots,
     recurrent_state_bytes,
 )
+
+from ddtree.tests import release_files
 
 REPO = Path(__file__).resolve().parents[2]
 

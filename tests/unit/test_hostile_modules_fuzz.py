@@ -40,7 +40,6 @@ import nvidia_gpu_facts
 import openai_bench
 import openai_probe
 import pytest
-import release_files
 import safetensors_info
 import safetensors_stage
 import vllm_patch
@@ -54,10 +53,13 @@ from test_hostile_inputs_fuzz import BUDGET_S, SEED, mutate
 from test_openai_hostile import KEY, MODELS, Hostile, fixed
 from test_vllm_patch import TOUCHED, make_venv
 
+from ddtree import HOME
+from ddtree.tests import release_files
+
 REPO = Path(__file__).resolve().parents[2]
 FAKE_SMI = REPO / "tests" / "fakes" / "nvidia_smi.py"
 FIXTURES = REPO / "tests" / "fixtures" / "nvidia-smi"
-CHANGESET = str(REPO / "roles" / "ddtree_patch" / "files")
+CHANGESET = str(HOME)
 RUN_DEADLINE_S = 30.0
 # nvidia_gpu_facts's timeout in these runs: each nvidia-smi call and the smoke test may take it, plus
 # the 5 s that coreutils timeout waits before KILL; well under RUN_DEADLINE_S.

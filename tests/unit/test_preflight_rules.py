@@ -159,6 +159,38 @@ def test_two_broken_rules_are_both_named_and_nothing_else(tmp_path: Path) -> Non
     ]
 
 
+def test_ddtree_patch_consumes_the_change_set_by_its_digest(tmp_path: Path) -> None:
+    # A copy of the engine's 0.20.1 base whose manifest was edited without its descriptor.
+    base = tmp_path / "engine" / "vllm-0.20.1"
+    base.mkdir(parents=True)
+    descriptor = (REPO / "ddtree" / "vllm-0.20.1" / "base.json").read_text()
+    (base / "base.json").write_text(descriptor)
+    expected = json.loads(descriptor)["changeset"]["manifest_sha256"]
+    (base / "manifest.json").write_text((REPO / "ddtree" / "vllm-0.20.1" / "manifest.json").read_text() + " ")
+    rc, errors = run_preflight(tmp_path, "ddtree_patch", {"_ddtree_patch_engine": str(tmp_path / "engine")})
+    assert rc == 2
+    assert len(errors) == 1
+    assert errors[0].startswith(
+        f"ddtree_patch settings are wrong: The change set for vLLM 0.20.1 is not the one its base names: {base}/manifest.json"
+        " has sha256 "
+    )
+    assert errors[0].endswith(
+        f"base.json expects {expected}. Rebuild it (python3 -m ddtree.changeset) and record the new digest in"
+        " base.json, or check out a consistent tree. Fix them in the inventory."
+    )
+
+
+def test_ddtree_patch_names_the_base_it_looked_for(tmp_path: Path) -> None:
+    rc, errors = run_preflight(tmp_path, "ddtree_patch", {"shared_settings_vllm_version": "0.26.0"})
+    assert rc == 2
+    assert errors == [
+        "ddtree_patch settings are wrong: There is no ddtree change set for vLLM 0.26.0: the DDTree engine has no base"
+        f" {REPO}/ddtree/vllm-0.26.0/base.json (a base per release, ddtree/vllm-<release>/; see ddtree/README.md)."
+        " Install a supported release (shared_settings_vllm_version) or write and verify a change set for it first."
+        " Fix them in the inventory."
+    ]
+
+
 PREFLIGHTS = sorted(REPO.glob("roles/*/tasks/preflight.yml"))
 
 

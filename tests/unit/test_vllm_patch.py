@@ -19,14 +19,16 @@ from pathlib import Path
 
 import pytest
 import realfs
-import release_files
 import vllm_patch
 from ansible.errors import AnsibleError
 from ansible.module_utils import vllm_changeset as cs
 from ansible.module_utils.testing import patch_module_args
 
+from ddtree import HOME
+from ddtree.tests import release_files
+
 REPO = Path(__file__).resolve().parents[2]
-ROOT = str(REPO / "roles" / "ddtree_patch" / "files")
+ROOT = str(HOME)
 
 # Digests of the files as vLLM 0.20.1 ships them (read off the PyPI wheel).
 PRISTINE_SHA256 = {
