@@ -236,3 +236,17 @@ def test_plan_calibrates_the_step_count_to_the_deadline(monkeypatch):
     assert step == plan.steps
     fixed = build.Plan(40, deadline=1e12)
     assert not fixed.calibrated and fixed.steps == 40 and fixed.stop(40) and not fixed.stop(39)
+
+
+def test_kept_tokens_follow_vllms_top_k_and_top_p_and_say_how_close_the_cut_is():
+    import math
+
+    from ddtree.trained.stats import kept_tokens
+
+    logp = [math.log(q) for q in (0.6, 0.3, 0.06, 0.04)]
+    # before each token: 0, 0.6, 0.9, 0.96; top_p 0.95 keeps the first three (0.9 < 0.95)
+    kept, margin = kept_tokens(logp, 1.0, 0, 0.95)
+    assert kept == {0, 1, 2} and abs(margin - 0.01) < 1e-9
+    assert kept_tokens(logp, 1.0, 2, 0.95)[0] == {0, 1}  # top-k first: 0.667 + 0.333
+    assert kept_tokens(logp, 1.0, 0, 0.5)[0] == {0}
+    assert kept_tokens(logp, 1.0, 0, 1.0) == ({0, 1, 2, 3}, math.inf)

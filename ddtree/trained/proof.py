@@ -41,7 +41,7 @@ import traceback
 from pathlib import Path
 
 from ddtree.trained.realtext import degenerate
-from ddtree.trained.stats import acceptance, homogeneity
+from ddtree.trained.stats import acceptance, homogeneity, kept_tokens
 
 REPO = Path(__file__).resolve().parents[2]
 GEN_TOKENS = 128
@@ -570,7 +570,28 @@ def summarise(pair: str, out: str) -> dict:
                 for label in r["distribution"]
                 if label in base["distribution"]
             }
+    if summary["distribution"] and Path(pair, "target").is_dir():
+        summary["sampled_prefix_top_p_margin"] = top_p_margins(pair)
     return summary
+
+
+def top_p_margins(pair: str) -> list[float]:
+    """Per sampled prefix, how close the float32 target's first token's top-p set (at QWEN_SAMPLING) is
+    to changing (``stats.kept_tokens``): where it is within rounding, the backends alone can move a
+    token of a few percent in or out, which the two-sample test then detects."""
+    import torch
+
+    from ddtree.trained import models
+
+    kind = json.loads(Path(pair, "build.json").read_text())["kind"]
+    lm, head, _ = models.load_target(kind, os.path.join(pair, "target"))
+    out = []
+    for prefix in json.loads(Path(pair, "prompts.json").read_text())["sampled_prefixes"]:
+        with torch.no_grad():
+            logits = head(lm(torch.tensor([prefix])).last_hidden_state[:, -1]).float()[0].tolist()
+        q = QWEN_SAMPLING
+        out.append(round(kept_tokens(logits, q["temperature"], q["top_k"], q["top_p"])[1], 4))
+    return out
 
 
 def write_summary(pair: str, out: str) -> int:

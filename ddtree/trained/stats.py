@@ -82,3 +82,25 @@ def homogeneity(a: Sequence[Sequence[Sequence[int]]], b: Sequence[Sequence[Seque
         "min_p": min(x["p"] for x in out) if out else None,
         "log10_min_p": round(math.log10(max(min(x["p"] for x in out), 1e-300)), 2) if out else None,
     }
+
+
+def kept_tokens(logits: Sequence[float], temperature: float, top_k: int, top_p: float) -> tuple[frozenset[int], float]:
+    """The tokens vLLM's sampler may draw, and how close that set is to changing.
+
+    vLLM keeps the top-k logits (ties at the k-th kept), then, over their renormalised probabilities
+    in descending order, each token whose predecessors sum to less than top_p (it drops a token when
+    its ascending cumulative sum is at most 1 - top_p). The margin is the smallest distance, in
+    probability, between top_p and any such sum: under it, rounding of the logits (two attention
+    backends, two batch shapes) decides whether a token is drawn at all, and a two-sample test of
+    that prefix measures the rounding, not the sampler."""
+    import torch
+
+    x = torch.tensor(logits, dtype=torch.float64) / temperature
+    if 0 < top_k < x.numel():
+        x = torch.where(x >= x.topk(top_k).values[-1], x, torch.tensor(-math.inf, dtype=torch.float64))
+    probs, order = x.softmax(-1).sort(descending=True)
+    before = probs.cumsum(0) - probs
+    live = probs > 0
+    kept = frozenset(int(t) for t, b, q in zip(order, before, probs, strict=True) if q > 0 and b < top_p)
+    margin = float((before[live] - top_p).abs().min()) if top_p < 1 else math.inf
+    return kept | {int(order[0])}, margin
