@@ -541,7 +541,14 @@ def summarise(pair: str, out: str) -> dict:
         for key in ("greedy_batch1", "greedy_batch8", "sampled_batch1", "sampled_batch8"):
             if key in r and cfg["method"] is not None:
                 summary["acceptance"].setdefault(name, {})[key] = acceptance(r[key]["steps"], GEN_TOKENS, DEPTH)
-        if reference and cfg["method"] is not None and "greedy_batch1" in r and reference.get("prompts"):
+        # A nan run's drafter is broken on purpose every third pass: its steps are not the reference's.
+        if (
+            reference
+            and cfg["method"] is not None
+            and not cfg["nan"]
+            and "greedy_batch1" in r
+            and reference.get("prompts")
+        ):
             summary["reference"][name] = judge_reference(reference, r, method_name(cfg), cfg["dtype"])
     if reference:
         summary["reference_mask_walk_mismatch"] = {
@@ -632,6 +639,7 @@ def record(pair: str, summary: dict, meta: dict) -> dict:
         "reference_margin_quantiles": summary.get("reference_margin_quantiles"),
         "reference_mask_walk_mismatch": summary.get("reference_mask_walk_mismatch"),
         "distribution": summary["distribution"],
+        "sampled_prefix_top_p_margin": summary.get("sampled_prefix_top_p_margin"),
         "runs": {r: v for r, v in summary["runs"].items()},
     }
 
