@@ -689,10 +689,11 @@ def dtype_step(x: float, dtype: str) -> float:
     return math.ldexp(1.0, exp - 1 - MANTISSA_BITS[dtype])
 
 
-def _gap(top2: list[list[float]], first: int, second: int) -> float | None:
-    """logit(first) - logit(second) when those are the step's two best tokens, else None."""
-    logits = {int(t): v for t, v in top2}
-    return logits[first] - logits[second] if set(logits) == {first, second} else None
+def _gap(top: list[list[float]], first: int, second: int) -> float | None:
+    """logit(first) - logit(second) when both are among the step's recorded best tokens (two, or three
+    where the target recorded three: a three-way tie), else None."""
+    logits = {int(t): v for t, v in top}
+    return logits[first] - logits[second] if first in logits and second in logits and first != second else None
 
 
 def kernel_noise(a: dict, b: dict) -> float:
@@ -713,12 +714,17 @@ def kernel_noise(a: dict, b: dict) -> float:
 
 
 def divergence(top2: list[list[float]], target_token: int, run_token: int, dtype: str, noise: float) -> dict:
-    """A run's token where the target alone chose another: a near-tie only if the two tokens are the
-    target's two best and their logits are no further apart than rounding moves them (`noise`, the
+    """A run's token where the target alone chose another: a near-tie only if the two tokens are among
+    the target's recorded best (two, or three) and their logits are no further apart than rounding moves them (`noise`, the
     target's own two kernels' largest disagreement, and at least one step of the dtype there)."""
     gap = _gap(top2, target_token, run_token)
     if gap is None:
-        return {"target_top2": top2, "run_token": run_token, "near_tie": False, "why": "not the target's two best"}
+        return {
+            "target_top2": top2,
+            "run_token": run_token,
+            "near_tie": False,
+            "why": "not among the target's recorded best",
+        }
     step = dtype_step(max(abs(v) for _, v in top2), dtype)
     return {
         "target_top2": top2,

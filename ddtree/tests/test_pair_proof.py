@@ -110,6 +110,8 @@ def _departs(ddtree_gpu, ref: dict, run_token: int, noise: float = 0.0) -> dict:
         ([[39, 0.53125 + 3 * STEP], [1, 0.53125]], 1, False),  # three steps: a clear choice, a real departure
         ([[39, 0.53125], [1, 0.53125]], 7, False),  # a tie between 39 and 1 excuses neither choosing 7
         ([[7, 0.53125], [1, 0.53125]], 1, False),  # the target's own token is not among the two: bad data
+        ([[39, 0.53125], [1, 0.53125], [7, 0.53125]], 7, True),  # a three-way tie, recorded: the rounding's
+        ([[39, 0.53125 + 3 * STEP], [1, 0.53125], [7, 0.53125]], 7, False),  # third, three steps below
     ],
 )
 def test_a_divergence_is_excused_only_at_a_near_tie_of_the_dtype(ddtree_gpu, top2, run_token, near_tie):

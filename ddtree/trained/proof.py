@@ -199,7 +199,7 @@ def stepwise(llm, prompts: list[list[int]], params, batch: int) -> dict:
                 t += new
                 s.append(len(new))
                 if o.logprobs:
-                    lp += [_best_two(step, tok) for step, tok in zip(o.logprobs, new, strict=True)]
+                    lp += [_best(step, tok) for step, tok in zip(o.logprobs, new, strict=True)]
         for rid in ids:
             t, s, lp = got[rid]
             tokens.append(t)
@@ -208,8 +208,9 @@ def stepwise(llm, prompts: list[list[int]], params, batch: int) -> dict:
     return {"tokens": tokens, "steps": steps, "top2": top2 if any(top2) else None}
 
 
-def _best_two(step: dict, chosen: int) -> list[list[float]]:
-    return sorted(([int(t), float(lp.logprob)] for t, lp in step.items()), key=lambda x: (-x[1], x[0] != chosen))[:2]
+def _best(step: dict, chosen: int) -> list[list[float]]:
+    """The step's three best (token, logit): a three-way tie is judged like a two-way one."""
+    return sorted(([int(t), float(lp.logprob)] for t, lp in step.items()), key=lambda x: (-x[1], x[0] != chosen))[:3]
 
 
 def cmd_gen(a: argparse.Namespace) -> int:
@@ -233,7 +234,7 @@ def cmd_gen(a: argparse.Namespace) -> int:
         max_tokens=GEN_TOKENS,
         ignore_eos=True,
         detokenize=False,
-        logprobs=2 if cfg["method"] is None else None,
+        logprobs=3 if cfg["method"] is None else None,
     )
     sampled = SamplingParams(max_tokens=GEN_TOKENS, ignore_eos=True, detokenize=False, **QWEN_SAMPLING)
     llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], SamplingParams(max_tokens=8, detokenize=False))
