@@ -109,9 +109,13 @@ def test_summary_judges_identity_real_text_and_distribution(tmp_path):
 
 
 def test_a_mode_run_on_every_fourth_prompt_is_judged_against_the_same_prompts(tmp_path):
-    assert proof.prompt_stride(proof.run_config("ddtree32_bf16_graphs")) == 4
-    assert proof.prompt_stride(proof.run_config("ddtree32_bf16_nan")) == 4
-    assert proof.prompt_stride(proof.run_config("ddtree32_fp16")) == 1
+    assert proof.mode_run(proof.run_config("ddtree32_bf16_graphs")) and proof.mode_run(
+        proof.run_config("ddtree32_bf16_nan")
+    )
+    assert not proof.mode_run(proof.run_config("ddtree32_fp16"))
+    # the first length had 3 prompts chosen, the second none, the third 4
+    by_length = [{"chosen_min_gaps": [0.1] * 3}, {"chosen_min_gaps": []}, {"chosen_min_gaps": [0.2] * 4}]
+    assert proof.one_per_length({"by_length": by_length}) == [0, 3]
     ys = [_text(s) for s in range(8)]
     top2 = [[[[t, 10.0], [t + 1, 9.0]] for t in y] for y in ys]
     base = {"config": proof.run_config("target_bf16"), "greedy_batch1": _greedy(ys, top2=top2)}
@@ -123,3 +127,14 @@ def test_a_mode_run_on_every_fourth_prompt_is_judged_against_the_same_prompts(tm
     v = proof.summarise("unused", str(tmp_path))["identity"]["ddtree32_bf16_nan"]["greedy_batch1"]
     assert v["compared"] == 2 and v["identical"] == 1
     assert v["departures"][0]["prompt"] == 4 and v["departures"][0]["at"] == 7 and not v["only_near_ties"]
+
+
+def test_a_looping_output_at_a_batch_the_target_did_not_run_is_a_failure_not_the_targets_loop():
+    ys = [_text(s) for s in range(8)]
+    target = {"greedy_batch1": _greedy(ys), "greedy_batch4": _greedy(ys[:4]) | {"prompt_ids": [0, 1, 2, 3]}}
+    run = {"greedy_batch4": _greedy([ys[0], [21, 59] * 64]) | {"prompt_ids": [0, 4]}}
+    v = proof.real_text(run, target)
+    assert v["target_not_real_text"] == []
+    assert v["not_real_text"] == [
+        {"phase": "greedy_batch4", "prompt": 4, "why": v["not_real_text"][0]["why"], "departed": True}
+    ]

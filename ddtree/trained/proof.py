@@ -239,10 +239,10 @@ def cmd_gen(a: argparse.Namespace) -> int:
     sampled = SamplingParams(max_tokens=GEN_TOKENS, ignore_eos=True, detokenize=False, **QWEN_SAMPLING)
     llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], SamplingParams(max_tokens=8, detokenize=False))
     phases = a.phases.split(",")
-    every = prompt_stride(cfg)
-    ids = list(range(0, len(prompts), every))
+    spread = one_per_length(pair_prompts)
+    ids = spread if mode_run(cfg) else list(range(len(prompts)))
     for phase, params, batches in (
-        ("greedy", greedy, {"batch1": (ids, 1), "batch4": (ids[:16], 4), "batch8": (ids, 8)}),
+        ("greedy", greedy, {"batch1": (ids, 1), "batch4": (spread, 4), "batch8": (ids, 8)}),
         ("sampled", sampled, {"batch1": (ids, 1), "batch8": (ids, 8)}),
     ):
         if phase not in phases:
@@ -323,10 +323,21 @@ def method_name(cfg: dict) -> str:
     return "target" if cfg["method"] is None else "chain" if cfg["method"] == "dflash" else f"ddtree{cfg['budget']}"
 
 
-def prompt_stride(cfg: dict) -> int:
-    """Runs that prove a mode (graphs, sync, the backends' noise, the NaN drafter) take every 4th
-    prompt: one of each of the 16 lengths, so that all modes fit one GPU call."""
-    return 4 if cfg["graphs"] or cfg["sync"] or cfg["treeattn"] or cfg["nan"] else 1
+def mode_run(cfg: dict) -> bool:
+    """Runs that prove a mode (graphs, sync, the backends' noise, the NaN drafter) take one prompt of
+    each length (``one_per_length``), so that all modes fit one GPU call; every run's batch 4 does too."""
+    return cfg["graphs"] or cfg["sync"] or cfg["treeattn"] or cfg["nan"]
+
+
+def one_per_length(pair_prompts: dict) -> list[int]:
+    """The index of each length's first prompt (prompts are stored length by length)."""
+    ids, start = [], 0
+    for group in pair_prompts["by_length"]:
+        chosen = len(group["chosen_min_gaps"])
+        if chosen:
+            ids.append(start)
+        start += chosen
+    return ids
 
 
 def by_prompt(phase: dict, field: str = "tokens") -> dict[int, list]:
@@ -487,8 +498,10 @@ def real_text(run: dict, target: dict | None) -> dict:
             continue
         own = by_prompt(run[key])
         ref_tokens = by_prompt((target or {}).get(key) or run[key])
+        at_batch1 = by_prompt((target or {}).get("greedy_batch1") or {})
         for i, t in own.items():
-            ref = ref_tokens.get(i, t)
+            # the target alone's output for this prompt in this phase, else at batch 1, else the run's own
+            ref = ref_tokens.get(i, at_batch1.get(i, t))
             if degenerate(ref):
                 target_loops.add(i)
             elif why := degenerate(t):
@@ -663,7 +676,7 @@ def phases_for(name: str) -> str:
     if cfg["broken"] or cfg["dist"]:
         return "distribution"
     if cfg["method"] is None or cfg["treeattn"] or cfg["graphs"] or cfg["sync"] or cfg["nan"] or cfg["dtype"] != "bf16":
-        return "greedy"  # the target alone accepts nothing: its sampled run would measure nothing"
+        return "greedy"  # the target alone accepts nothing: its sampled run would measure nothing
     return "greedy,sampled"
 
 

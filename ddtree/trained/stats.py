@@ -92,7 +92,8 @@ def kept_tokens(logits: Sequence[float], temperature: float, top_k: int, top_p: 
     its ascending cumulative sum is at most 1 - top_p). The margin is the smallest distance, in
     probability, between top_p and any such sum: under it, rounding of the logits (two attention
     backends, two batch shapes) decides whether a token is drawn at all, and a two-sample test of
-    that prefix measures the rounding, not the sampler."""
+    that prefix measures the rounding, not the sampler. (The margin covers the top-p cut, not the
+    top-k boundary.)"""
     import torch
 
     x = torch.tensor(logits, dtype=torch.float64) / temperature
