@@ -144,6 +144,7 @@ import contextlib
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.figures import MAX_TOKENS, FigureError, token_count
 from ansible.module_utils.openai_http import HttpError, build_opener, loads_answer, send, settings_problem
 from ansible.module_utils.openai_probe import (
     MetricsParseError,
@@ -157,6 +158,7 @@ from ansible.module_utils.openai_probe import (
     tokens_per_second,
     unit_is_crashing,
 )
+from ansible.module_utils.terminal_text import terminal_text, terminal_values
 
 SYSTEMCTL_PROPS = "ActiveState,SubState,NRestarts,Result,MainPID"
 # Each completion may take up to timeout seconds: a probe that sends more is a benchmark (openai_bench).
@@ -254,12 +256,17 @@ def run(module: AnsibleModule) -> dict:
                 raise HttpError(f"POST {base}/v1/completions answered HTTP {code}: {text[:200]}")
             answer = loads_answer(text, f"POST {base}/v1/completions")
             texts.append(str(answer["choices"][0].get("text") or ""))
-            tokens += int((answer.get("usage") or {}).get("completion_tokens") or 0)
+            # A count in range before any arithmetic: 400 digits (or 1e308 twice) crashed float() (issue 43).
+            used = token_count((answer.get("usage") or {}).get("completion_tokens") or 0, "usage.completion_tokens")
+            tokens = token_count(tokens + used, "the completions' usage.completion_tokens together", MAX_TOKENS)
         elapsed = time.monotonic() - started
         after = read_counters(module, base, model)
         delta = counters_delta(before, after)
     except (HttpError, MetricsParseError) as e:
         result["error"] = str(e)
+        return result
+    except FigureError as e:
+        result["error"] = f"the server's answer cannot be measured: {e}; its usage figures are broken"
         return result
     except (ValueError, KeyError, IndexError, TypeError, AttributeError, OverflowError, RecursionError) as e:
         result["error"] = f"the server's answer is not what the OpenAI API returns: {type(e).__name__}: {str(e)[:200]}"
@@ -289,7 +296,14 @@ def main() -> None:
     problem = settings_problem(p["url"], p["api_key"], p["timeout"])
     if problem is not None:
         module.fail_json(msg=problem)
-    module.exit_json(**run(module))
+    result = run(module)
+    # What the server, systemd or the network said reaches the operator's terminal through the gates'
+    # messages: escape sequences and control characters are removed first (issue 43).
+    for key in ("error", "unit_problem"):
+        result[key] = terminal_text(result[key], 2000)
+    if "unit_state" in result:
+        result["unit_state"] = terminal_values(result["unit_state"], 200)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

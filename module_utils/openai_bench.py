@@ -14,6 +14,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from ansible.module_utils.figures import FigureError, require_positive, token_count
 from ansible.module_utils.openai_probe import SpecCounters, draft_acceptance_rate, mean_acceptance_length
 from ansible.module_utils.safe_io import lone_surrogate
 
@@ -38,6 +39,7 @@ class RequestTiming:
 
     @property
     def tokens_per_second(self) -> float:
+        # level_summary refuses a request whose time is not above zero before any of this is read.
         return self.tokens / self.total_s if self.total_s > 0 else 0.0
 
 
@@ -110,10 +112,10 @@ def chunk_usage_tokens(payload: dict) -> int | None:
     usage = payload.get("usage")
     if not isinstance(usage, dict) or usage.get("completion_tokens") is None:
         return None
-    tokens = usage["completion_tokens"]
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-        raise BenchError(f"usage.completion_tokens is not a count: {tokens!r}")
-    return tokens
+    try:
+        return token_count(usage["completion_tokens"], "usage.completion_tokens")
+    except FigureError as exc:  # 8e306 made every figure of the run Infinity or NaN (issue 43)
+        raise BenchError(f"{exc}; the server's usage figures are broken") from None
 
 
 def request_timing(events: list[tuple[float, dict]], done_s: float) -> RequestTiming:
@@ -136,6 +138,8 @@ def request_timing(events: list[tuple[float, dict]], done_s: float) -> RequestTi
             usage = counted
     if ttft is None:
         raise BenchError("the stream ended without any generated text")
+    if usage == 0:
+        raise BenchError("usage.completion_tokens is 0 for a stream that carried text; the server's usage figures are broken")
     tokens = usage if usage is not None else chunks
     return RequestTiming(round(ttft, 6), round(done_s, 6), tokens, usage is not None, chunks)
 
@@ -170,13 +174,20 @@ def level_summary(concurrency: int, timings: list[RequestTiming], wall_s: float,
         raise BenchError(f"concurrency {concurrency}: no request finished")
     tokens = sum(t.tokens for t in timings)
     present = spec is not None and spec.present
+    try:  # every figure finite and above zero, or none is reported (issue 43)
+        wall = require_positive(wall_s, f"concurrency {concurrency}: the level's wall time")
+        throughput = require_positive(round(tokens / wall, 2), f"concurrency {concurrency}: the throughput in tok/s")
+        for t in timings:
+            require_positive(t.total_s, f"concurrency {concurrency}: a request's time")
+    except FigureError as exc:
+        raise BenchError(f"{exc}; no figure of this level can be reported") from None
     return {
         "concurrency": concurrency,
         "requests": len(timings),
         "output_tokens": tokens,
         "tokens_from_usage": all(t.tokens_from_usage for t in timings),
         "wall_s": round(wall_s, 3),
-        "throughput_tok_s": round(tokens / wall_s, 2) if wall_s > 0 else None,
+        "throughput_tok_s": throughput,
         "request_tok_s": describe([t.tokens_per_second for t in timings]),
         "ttft_ms": describe([t.ttft_s * 1000 for t in timings], 1),
         "latency_s": describe([t.total_s for t in timings], 3),

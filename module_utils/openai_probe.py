@@ -143,20 +143,33 @@ def mean_acceptance_length(counters: SpecCounters) -> float | None:
     """1 + accepted / drafts: tokens produced per target step. None when no draft was made."""
     if counters.drafts <= 0:
         return None
-    return round(1.0 + counters.accepted_tokens / counters.drafts, 4)
+    return _finite(1.0 + counters.accepted_tokens / counters.drafts, "mean acceptance length")
 
 
 def draft_acceptance_rate(counters: SpecCounters) -> float | None:
     """Share of proposed draft tokens the target accepted. None when no draft token was proposed."""
     if counters.draft_tokens <= 0:
         return None
-    return round(counters.accepted_tokens / counters.draft_tokens, 4)
+    return _finite(counters.accepted_tokens / counters.draft_tokens, "draft acceptance rate")
+
+
+def _finite(value: float, what: str) -> float:
+    """``value`` rounded, or MetricsParseError: counters of 1e308 accepted over 1e-300 drafts give Infinity,
+    which would pass any floor (issue 43)."""
+    if not math.isfinite(value):
+        raise MetricsParseError(f"the spec-decode counters give a {what} of {value}; the server's /metrics is broken")
+    return round(value, 4)
 
 
 def tokens_per_second(tokens: float, seconds: float) -> float | None:
-    if seconds <= 0 or not math.isfinite(seconds):
+    """tokens / seconds rounded; None when either is not a finite figure or the quotient is not (never Infinity)."""
+    if not (math.isfinite(seconds) and seconds > 0) or isinstance(tokens, bool):
         return None
-    return round(tokens / seconds, 2)
+    try:
+        rate = tokens / seconds
+    except OverflowError:  # an int too large for a float
+        return None
+    return round(rate, 2) if math.isfinite(rate) and rate >= 0 else None
 
 
 def parse_systemctl_show(text: str) -> dict[str, str]:

@@ -22,6 +22,7 @@ import fcntl
 import grp
 import itertools
 import json
+import math
 import os
 import pwd
 import re
@@ -303,7 +304,8 @@ def read_text(path: str, limit: int, what: str = "", follow: bool = False) -> st
 def loads_json(text: str | bytes, what: str, max_depth: int = MAX_JSON_DEPTH, **kwargs: Any) -> Any:
     """``json.loads`` that names ``what`` in its errors and refuses nesting deeper than ``max_depth``.
 
-    Raises UnsafeFileError for invalid JSON, non-UTF-8 bytes, too deep nesting, NaN/Infinity and a
+    Raises UnsafeFileError for invalid JSON, non-UTF-8 bytes, too deep nesting, NaN/Infinity (written as such,
+    or as a number past what a float holds, such as 1e400) and a
     string (key or value, at any depth) holding a lone surrogate: ``"\\ud800"`` is valid JSON, but the
     str it parses into cannot be encoded as UTF-8, so a file written from it, or a module result that
     carries it (the controller refuses such a result), would fail far from the file that held it.
@@ -316,6 +318,7 @@ def loads_json(text: str | bytes, what: str, max_depth: int = MAX_JSON_DEPTH, **
     depth = json_depth(text)
     if depth > max_depth:
         raise UnsafeFileError(f"{what} is nested {depth} levels deep (at most {max_depth}); it is not such a file")
+    kwargs.setdefault("parse_float", _finite_float)
     try:
         value = json.loads(text, parse_constant=_no_constant, **kwargs)
     except RecursionError:
@@ -332,6 +335,15 @@ def loads_json(text: str | bytes, what: str, max_depth: int = MAX_JSON_DEPTH, **
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number with a fraction or exponent; 1e400 is valid JSON but no float: it would be read as
+    Infinity, which NaN/Infinity's own refusal exists to keep out (issue 43)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is past what a float holds")
+    return value
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -21,8 +21,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+import ansible.module_utils
+from ansible import constants as C
+
+for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(Path(__file__).resolve().parents[2] / "module_utils")]:
+    if os.path.isdir(_p) and _p not in ansible.module_utils.__path__:
+        ansible.module_utils.__path__.append(_p)
+
+from ansible.module_utils.figures import figure_problem, positive_figure
 
 CHAIN = "dflash"
 TREE = "ddtree"
@@ -92,7 +103,8 @@ def _level(levels: Any, concurrency: int) -> Mapping[str, Any]:
 
 
 def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A figure read from a benchmark or a stored record: finite and above zero, else None (never inf or nan)."""
+    return positive_figure(value)
 
 
 def tune_choose(results: Sequence[Mapping[str, Any]], margin: float, concurrency: int) -> dict[str, Any]:
@@ -110,7 +122,12 @@ def tune_choose(results: Sequence[Mapping[str, Any]], margin: float, concurrency
         lv = _level(r.get("levels"), concurrency)
         tok_s = _num(lv.get("throughput_tok_s"))
         ok = r.get("status") == "ok" and tok_s is not None
-        note = "" if ok else str(r.get("reason") or f"no figures at concurrency {concurrency}")
+        if r.get("status") == "ok" and lv and tok_s is None:
+            # 0.0 tok/s crashed the choice, Infinity won it (issue 43): such a figure is refused, not compared.
+            problem = figure_problem(lv.get("throughput_tok_s"), f"throughput at concurrency {concurrency}")
+            note = f"measured, but its {problem}: not a speed to compare; measure again (tune_force=true)"
+        else:
+            note = "" if ok else str(r.get("reason") or f"no figures at concurrency {concurrency}")
         status = "ok" if ok else ("skipped" if r.get("status") == "skipped" else "failed")
         rows.append(
             {
@@ -127,7 +144,7 @@ def tune_choose(results: Sequence[Mapping[str, Any]], margin: float, concurrency
         )
     passed = [row for row in rows if row["status"] == "ok"]
     chain = next((row for row in passed if row["method"] == CHAIN), None)
-    if chain is not None and chain["tok_s"]:
+    if chain is not None:  # a passed row's tok_s is finite and above zero (_num)
         for row in passed:
             row["vs_chain"] = round(row["tok_s"] / chain["tok_s"], 3)
 
@@ -278,7 +295,21 @@ def tune_read_record(fact_text: Any) -> dict[str, Any]:
     results = data.get("results")
     if not isinstance(results, list) or not all(isinstance(r, Mapping) for r in results):
         return {}
+    if any(_refused_figure(r) for r in results):
+        # Written before figures were checked where measured (issue 43): 0.0 or an overflowed
+        # tok/s is no measurement, so the node is measured once more, and never records one again.
+        return {}
     return dict(data)
+
+
+def _refused_figure(result: Mapping[str, Any]) -> bool:
+    """Whether a recorded candidate that passed holds a throughput that is not a finite figure above zero."""
+    if result.get("status") != "ok":
+        return False
+    levels = result.get("levels")
+    if not isinstance(levels, list) or not levels:
+        return True
+    return any(not isinstance(lv, Mapping) or _num(lv.get("throughput_tok_s")) is None for lv in levels)
 
 
 def tune_order_results(results: Sequence[Mapping[str, Any]], candidates: Sequence[Mapping[str, Any]]) -> list:

@@ -101,7 +101,10 @@ def test_chunk_text_and_usage():
         chunk_text({"object": "x"})
     with pytest.raises(BenchError) as e:
         chunk_usage_tokens({"usage": {"completion_tokens": -1}})
-    assert str(e.value) == "usage.completion_tokens is not a count: -1"
+    assert str(e.value) == (
+        "usage.completion_tokens is -1, not a count of tokens (a whole number from 0 to 1000000000000); "
+        "the server's usage figures are broken"
+    )
 
 
 def test_timing_uses_the_first_text_chunk_and_the_usage():
