@@ -153,6 +153,7 @@ from ansible.module_utils.openai_probe import (
     parse_prometheus_text,
     spec_decode_counters,
 )
+from ansible.module_utils.terminal_text import terminal_text
 
 # Far beyond any useful run; a bigger count would only hold the play for days (or allocate forever).
 MAX_WARMUP = 1000
@@ -284,7 +285,7 @@ def run(module: AnsibleModule) -> dict:
     try:
         client.get("/health")
     except HttpError as e:
-        module.fail_json(msg=f"the server at {base} is not healthy: {e}", **result)
+        module.fail_json(msg=terminal_text(f"the server at {base} is not healthy: {e}", 2000), **result)
     result["healthy"] = True
     try:
         model = p["model"] or loads_answer(client.get("/v1/models"), f"GET {base}/v1/models")["data"][0]["id"]
@@ -312,10 +313,13 @@ def run(module: AnsibleModule) -> dict:
             before = after
         total = counters_delta(first, before) if first is not None and before is not None else None
     except (HttpError, BenchError, MetricsParseError) as e:
-        module.fail_json(msg=f"benchmark of {base} failed: {e}", **result)
+        # The server's own words (a 500 body, a mid-stream error) without its escape sequences (issue 43).
+        module.fail_json(msg=terminal_text(f"benchmark of {base} failed: {e}", 2000), **result)
     except (ValueError, KeyError, IndexError, TypeError, AttributeError, OverflowError, RecursionError) as e:
         detail = f"{type(e).__name__}: {str(e)[:200]}"
-        module.fail_json(msg=f"the server at {base} did not answer as the OpenAI API does: {detail}", **result)
+        module.fail_json(
+            msg=terminal_text(f"the server at {base} did not answer as the OpenAI API does: {detail}", 2000), **result
+        )
     result.update(
         model=model,
         settings={

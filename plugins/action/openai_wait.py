@@ -21,13 +21,24 @@ journal read per poll to find the phase, default 40; 0 reads none).
 
 from __future__ import annotations
 
+import os
 import re
 import time
+from pathlib import Path
 from typing import Any
 
+import ansible.module_utils
+from ansible import constants as C
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+
+_HERE = Path(__file__).resolve().parent
+for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(_HERE.parent.parent / "module_utils")]:
+    if os.path.isdir(_p) and _p not in ansible.module_utils.__path__:
+        ansible.module_utils.__path__.append(_p)
+
+from ansible.module_utils.terminal_text import terminal_text, terminal_values
 
 display = Display()
 
@@ -67,10 +78,11 @@ def duration(seconds: float) -> str:
 
 
 def progress_line(host: str, unit: str, phase: str, waited: float, probe: dict[str, Any]) -> str:
-    what = f"{unit}'s /health" if unit else "/health"
+    what = f"{terminal_text(unit, 200)}'s /health" if unit else "/health"
     status = probe.get("health_status")
     last = f"answered {status}" if status else (probe.get("error") or "no answer")
-    return f"{host}: waiting for {what}: {phase} ({duration(waited)}; /health: {last})"
+    # The probe's error is the server's or the network's words: no escape sequence reaches the terminal (issue 43).
+    return f"{terminal_text(host, 200)}: waiting for {what}: {phase} ({duration(waited)}; /health: {terminal_text(last, 500)})"
 
 
 class Progress:
@@ -145,6 +157,9 @@ class ActionModule(ActionBase):
 
         for key in ("invocation", "_ansible_no_log"):
             probe.pop(key, None)
+        for key in ("error", "unit_problem", "unit_state"):  # the module cleans them too; a gate prints them
+            if key in probe:
+                probe[key] = terminal_values(probe[key], 2000)
         result.update(probe)
         result.update(changed=False, waited_s=round(time.monotonic() - start), polls=polls, phases=phases)
         return result

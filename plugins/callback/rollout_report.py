@@ -36,6 +36,7 @@ options:
 """
 
 import json
+import math
 import os
 import re
 import tempfile
@@ -43,9 +44,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ansible.module_utils
+from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
 
 REPO = Path(__file__).resolve().parents[2]
+for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(REPO / "module_utils")]:
+    if os.path.isdir(_p) and _p not in ansible.module_utils.__path__:
+        ansible.module_utils.__path__.append(_p)
+
+from ansible.module_utils.figures import is_number
+from ansible.module_utils.terminal_text import terminal_text
 
 COLUMNS = ("host", "outcome", "gpus", "serving", "acceptance", "probe tok/s", "note")
 # The note is the last column: long enough for a reason's figures and what they are compared with.
@@ -95,6 +104,7 @@ def reason(msg: str, host: str) -> str:
 
 def note(text: str, width: int = NOTE_WIDTH) -> str:
     """The table's note: the reason, cut at a word with '...' when longer than width."""
+    text = terminal_text(text, 4 * width)
     if len(text) <= width:
         return text
     return text[: width - 3].rsplit(" ", 1)[0] + "..."
@@ -138,6 +148,11 @@ def _probe_shape(swap: dict[str, Any]) -> str:
     return f"{requests}x{tokens}" if requests not in (None, "") and tokens not in (None, "") else ""
 
 
+def _figure(value: Any) -> str:
+    """A reported figure as text: a number that is not finite (inf, nan) shows as "-", as a missing one does."""
+    return _fmt(value, "") if is_number(value) else str(value)
+
+
 def summary_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
     """One row per host: what it runs now and, if it failed, the reason first."""
     rows = []
@@ -161,7 +176,7 @@ def summary_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
             serving += " (rolled back)"
         elif tune.get("winner") and serving == "vllm":
             serving += f" {tune['winner']}"
-        tok_s = str(_get(report, "service_swap", "tokens_per_second"))
+        tok_s = _figure(_get(report, "service_swap", "tokens_per_second"))
         shape = _probe_shape(swap)
         rows.append(
             (
@@ -169,7 +184,7 @@ def summary_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
                 h.get("outcome", "ok"),
                 str(_get(report, "gpu_check", "summary")),
                 serving,
-                f"{acceptance:.2f}" if isinstance(acceptance, float) else str(acceptance),
+                _fmt(acceptance, ".2f") if isinstance(acceptance, float) else _figure(acceptance),
                 f"{tok_s} ({shape})" if shape and tok_s != "-" else tok_s,
                 note(reason(first, name)) if first else "",
             )
@@ -187,7 +202,13 @@ def summary_table(rows: list[tuple[str, ...]]) -> str:
     if len(shapes) == 1:
         columns[i] = f"probe tok/s ({shapes.pop()[:-1]})"
         rows = [(*r[:i], r[i].rsplit(" (", 1)[0], *r[i + 1 :]) for r in rows]
-    table = [tuple(columns), *rows]
+    return _table(columns, rows)
+
+
+def _table(columns: list[str], rows: list[tuple[str, ...]]) -> str:
+    """Rows under their headers in aligned columns. Every cell may hold what an engine, a node or the
+    inventory said: escape sequences and control characters never reach the terminal (issue 43)."""
+    table = [tuple(terminal_text(cell, 1000) for cell in r) for r in [tuple(columns), *rows]]
     widths = [max(len(r[k]) for r in table) for k in range(len(columns))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table)
 
@@ -198,7 +219,14 @@ TUNE_NOTE_WIDTH = 200
 
 
 def _fmt(value: Any, spec: str) -> str:
-    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+    """A figure as the table shows it; anything that is not a finite number shows as "-", never inf or nan."""
+    if not is_number(value):
+        return "-"
+    try:
+        number = float(value)
+    except OverflowError:
+        return "-"
+    return format(number, spec) if math.isfinite(number) else "-"
 
 
 def tune_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
@@ -236,9 +264,7 @@ def tune_table(rows: list[tuple[str, ...]], concurrency: Any = None) -> str:
     columns = list(TUNE_COLUMNS)
     if concurrency not in (None, ""):
         columns[3] = f"tok/s (c={concurrency})"
-    table = [tuple(columns), *rows]
-    widths = [max(len(r[k]) for r in table) for k in range(len(columns))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table)
+    return _table(columns, rows)
 
 
 def write_report(out_dir: Path, stem: str, text: str) -> Path:
