@@ -26,7 +26,7 @@ class FigureError(ValueError):
 
 def _shown(value: Any) -> str:
     """``value`` as a message shows it, without converting a huge integer to text in full."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
         # Estimated from the bit length: str() of an int past 4300 digits raises ValueError.
         return f"{'-' if value < 0 else ''}an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
     text = repr(value)

@@ -139,7 +139,9 @@ def request_timing(events: list[tuple[float, dict]], done_s: float) -> RequestTi
     if ttft is None:
         raise BenchError("the stream ended without any generated text")
     if usage == 0:
-        raise BenchError("usage.completion_tokens is 0 for a stream that carried text; the server's usage figures are broken")
+        raise BenchError(
+            "usage.completion_tokens is 0 for a stream that carried text; the server's usage figures are broken"
+        )
     tokens = usage if usage is not None else chunks
     return RequestTiming(round(ttft, 6), round(done_s, 6), tokens, usage is not None, chunks)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -39,9 +40,30 @@ class ReportError(ValueError):
     """A run file is missing or not what bench.yml writes."""
 
 
+def _not_a_figure(_text: str) -> None:
+    """NaN, Infinity, or a number past a float (1e400) in a stored run: no figure, shown as missing (issue 43)."""
+    return None
+
+
+def _finite_or_none(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def figure(value: object) -> float | None:
+    """A figure to compare: a finite number above zero, else None (never inf, nan, 0 or a bool)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) and number > 0 else None
+
+
 def load_run(path: Path) -> dict:
     try:
-        run = json.loads(path.read_text())
+        run = json.loads(path.read_text(), parse_constant=_not_a_figure, parse_float=_finite_or_none)
     except FileNotFoundError:
         raise ReportError(f"{path} does not exist") from None
     except (OSError, json.JSONDecodeError) as e:
@@ -54,16 +76,18 @@ def load_run(path: Path) -> dict:
 
 
 def ratio(baseline: float | None, current: float | None) -> float | None:
-    """current / baseline, None when either is missing or the baseline is 0."""
-    if baseline is None or current is None or baseline == 0:
+    """current / baseline, None when either is missing or not a finite figure above zero."""
+    baseline, current = figure(baseline), figure(current)
+    if baseline is None or current is None:
         return None
-    return round(current / baseline, 3)
+    value = current / baseline
+    return round(value, 3) if math.isfinite(value) else None
 
 
 def side_by_side(baseline: float | None, current: float | None, higher_is_better: bool) -> dict:
     return {
-        "baseline": baseline,
-        "current": current,
+        "baseline": figure(baseline),
+        "current": figure(current),
         "ratio": ratio(baseline, current),
         "higher_is_better": higher_is_better,
     }
@@ -73,7 +97,7 @@ def _dig(level: dict, keys: tuple[str, ...]) -> float | None:
     value: object = level
     for key in keys:
         value = value.get(key) if isinstance(value, dict) else None
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return figure(value)
 
 
 def _describe(run: dict) -> dict:

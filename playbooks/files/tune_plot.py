@@ -13,8 +13,20 @@ a note and the exit status is still 0: the JSON holds every figure.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
+
+
+def figure(value: object) -> float:
+    """A bar's height: a finite tok/s above zero, else 0 (a stored inf, nan or text is no figure, issue 43)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return 0.0
+    try:
+        number = float(value)
+    except OverflowError:
+        return 0.0
+    return number if math.isfinite(number) and number > 0 else 0.0
 
 
 def series(data: dict) -> tuple[list[int], list[tuple[str, list[float], bool]], list[str]]:
@@ -31,8 +43,8 @@ def series(data: dict) -> tuple[list[int], list[tuple[str, list[float], bool]], 
             # A budget DDTree could not run says "not measured: ..." itself; a failure is marked.
             failed.append(f"{name}: {why}" if result.get("status") == "skipped" else f"failed: {name}: {why}")
             continue
-        by_level = {lv["concurrency"]: lv.get("throughput_tok_s") or 0.0 for lv in result.get("levels") or []}
-        bars.append((name, [float(by_level.get(c, 0.0)) for c in levels], name == winner))
+        by_level = {lv["concurrency"]: figure(lv.get("throughput_tok_s")) for lv in result.get("levels") or []}
+        bars.append((name, [by_level.get(c, 0.0) for c in levels], name == winner))
     return levels, bars, failed
 
 

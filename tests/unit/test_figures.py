@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from pathlib import Path
 
 import pytest
 from ansible.module_utils.figures import (
@@ -217,3 +219,47 @@ def test_a_json_number_past_a_float_is_refused_where_read_like_infinity(tmp_path
         read_json_file(str(path))
     path.write_text('{"t": 1.5e300, "n": 12}')
     assert read_json_file(str(path)).data == {"t": 1.5e300, "n": 12}
+
+
+# --- the controller's report scripts: a stored Infinity is no figure ------------------------------------------
+
+
+def _report_scripts():
+    files = str(Path(__file__).resolve().parents[2] / "playbooks" / "files")
+    sys.path.insert(0, files)
+    try:
+        import bench_report
+        import tune_plot
+    finally:
+        sys.path.remove(files)
+    return bench_report, tune_plot
+
+
+def test_a_stored_bench_run_with_infinity_compares_as_missing_not_as_xinf(tmp_path) -> None:
+    """A baseline written while openai_bench reported Infinity: its ratio was inf or nan in the play's summary."""
+    bench_report, _ = _report_scripts()
+    level = '{"concurrency": 1, "throughput_tok_s": VALUE, "request_tok_s": {"mean": 5.0}, "ttft_ms": {"p50": 9.0}}'
+    runs = {}
+    for name, value in (("base", "Infinity"), ("over", "1e400"), ("cur", "120.5")):
+        path = tmp_path / f"{name}.json"
+        path.write_text(
+            '{"levels": [LEVEL], "summary": {"peak_throughput_tok_s": VALUE, "mean_acceptance_length": NaN}}'.replace(
+                "LEVEL", level
+            ).replace("VALUE", value)
+        )
+        runs[name] = bench_report.load_run(path)
+    for base in ("base", "over"):
+        cmp = bench_report.compare_runs(runs[base], runs["cur"])
+        peak = cmp["summary"]["peak_throughput_tok_s"]
+        assert (peak["baseline"], peak["current"], peak["ratio"]) == (None, 120.5, None)
+        assert cmp["levels"][0]["throughput_tok_s"]["ratio"] is None
+        json.dumps(cmp, allow_nan=False)
+    assert bench_report.ratio(0.0, 5.0) is None and bench_report.ratio(1e-300, 1e300) is None
+
+
+def test_the_tune_plot_draws_no_bar_from_a_figure_that_is_not_a_speed() -> None:
+    _, tune_plot = _report_scripts()
+    data = {"results": [measured("dflash", None, value) for value in (math.inf, "fast", -3.0, 10**400)]}
+    data["results"].append(measured("ddtree", 32, 99.0))
+    _levels, bars, _failed = tune_plot.series(data)
+    assert [ys for _name, ys, _chosen in bars] == [[0.0], [0.0], [0.0], [0.0], [99.0]]
