@@ -11,14 +11,23 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import ansible.module_utils
 import jinja2
 import yaml
+from ansible import constants as C
 from ansible.errors import AnsibleUndefinedVariable
+
+for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(Path(__file__).resolve().parents[2] / "module_utils")]:
+    if os.path.isdir(_p) and _p not in ansible.module_utils.__path__:
+        ansible.module_utils.__path__.append(_p)
+
+from ansible.module_utils.bounded_value import MAX_DEPTH, MAX_ELEMENTS, bounded_repr, measure
 
 # Variables that existed once and were removed or renamed: name -> what to do instead. The
 # settings several roles shared moved to roles/shared_settings, one name each (issue 25).
@@ -154,12 +163,22 @@ def yaml_type(value: Any) -> str:
 
 
 def shown(value: Any) -> str:
-    """``value`` as a message shows it: its repr, cut to MAX_SHOWN characters."""
-    try:
-        text = repr(value if type(value) in (str, int, float, bool) else _plain(value))
-    except ValueError:  # an integer past Python's int-to-str limit
-        return f"<{yaml_type(value)} too long to show>"
-    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
+    """``value`` as a message shows it: a repr of at most MAX_SHOWN characters, built without visiting
+    more of the value than that (an alias bomb's repr never finished, issue 43)."""
+    return bounded_repr(_plain(value), MAX_SHOWN)
+
+
+def size_problem(name: str, value: Any) -> str | None:
+    """One sentence when ``value`` is larger or deeper than any setting, found with bounded work."""
+    size = measure(value)
+    if size.too_large:
+        return (
+            f"{name} holds more than {MAX_ELEMENTS} elements ({yaml_type(value)}), far more than any setting: a YAML"
+            " alias that expands into itself many times over? Write the value out."
+        )
+    if size.too_deep:
+        return f"{name} is nested more than {MAX_DEPTH} levels deep ({yaml_type(value)}); no setting is: write it out."
+    return None
 
 
 def _plain(value: Any) -> Any:
@@ -262,7 +281,8 @@ def inventory_problems(
                 )
             # Otherwise it refers to a role default: the role's own argument spec checks it on entry.
             continue
-        problem = type_problem(name, value, specs[name])
+        # Measured first, with bounded work: no text is built from a value too large to be a setting.
+        problem = size_problem(name, value) or type_problem(name, value, specs[name])
         if problem:
             problems.append(problem)
     return [f"{host}: {p}" for p in problems]
@@ -324,9 +344,15 @@ def rollout_problems(hostvars: Mapping[str, Mapping[str, Any]], hosts: list[str]
         values: dict[str, list[str]] = {}
         for host in hosts:
             value = hostvars[host].get(name, default)
+            too_large = size_problem(name, value)
+            if too_large:  # json.dumps below would walk all of it
+                problems.append(f"{too_large} (on {host})")
+                break
             key = json.dumps(value, default=str, sort_keys=True)
             shown_as.setdefault(key, shown(value))
             values.setdefault(key, []).append(host)
+        if problems and problems[-1].startswith(name):
+            continue
         if len(values) > 1:
             where = "; ".join(
                 f"{shown_as[k]} on {', '.join(h[:3])}{' and others' if len(h) > 3 else ''}" for k, h in values.items()
