@@ -465,3 +465,41 @@ def test_preflight_refuses_a_cuda_graph_cap_below_one_request_s_tokens(dirs):
     )
     res = preflight(dirs, "-e", "service_swap_max_cudagraph_capture_size=16")
     assert "less than the" not in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            '{"service_swap_max_num_seqs": "8\\nExecStartPre=/bin/touch /tmp/pwned"}',
+            "argument 'service_swap_max_num_seqs' is of type str and we were unable to convert to int",
+        ),
+        (
+            '{"service_swap_tensor_parallel_size": "1\\nExecStartPost=/bin/true"}',
+            "argument 'service_swap_tensor_parallel_size' is of type str and we were unable to convert to int",
+        ),
+        (
+            '{"service_swap_timeout_start_sec": "1800\\nExecStartPre=/bin/true"}',
+            "argument 'service_swap_timeout_start_sec' is of type str and we were unable to convert to int",
+        ),
+    ],
+)
+def test_render_unit_validates_the_role_s_argument_spec_so_a_number_cannot_inject_a_line(dirs, extra, message):
+    """Issue 43, LOW: tests/gpu/render_unit.yml (tasks_from: render.yml) skipped the role's argument spec,
+    so a number given as text with a newline rendered an ExecStartPre= line of its own."""
+    dest = dirs["tmp"] / "vllm.service"
+    res = ansible(
+        dirs["tmp"],
+        "tests/gpu/render_unit.yml",
+        "-e",
+        "service_swap_vllm_executable=/opt/vllm/0.20.1/bin/vllm",
+        "-e",
+        f"shared_settings_target_dir={dirs['dense']}",
+        "-e",
+        f"render_dest={dest}",
+        "-e",
+        extra,
+    )
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert message in res.stdout
+    assert not dest.exists()
