@@ -300,7 +300,9 @@ def _scan_dest_all(dest: str) -> tuple[dict[str, DestFile], dict[str, int], str 
             except (FileNotFoundError, UnsafeFileError):
                 sidecar = None  # no usable record: every file is verified again
         else:
-            files[entry.name] = DestFile(st.st_size, int(st.st_mtime), st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
+            files[entry.name] = DestFile(
+                st.st_size, int(st.st_mtime), st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), st.st_mtime_ns
+            )
     return files, temps, sidecar, sorted(odd)
 
 
@@ -309,7 +311,12 @@ def _sources(params: dict[str, Any]) -> list[SourceFile]:
     if params["files"] is not None and not params["remote_src"]:
         return [
             SourceFile(
-                name=f["name"], origin=f["origin"], size=int(f["size"]), mtime=int(f["mtime"]), sha256=f.get("sha256")
+                name=f["name"],
+                origin=f["origin"],
+                size=int(f["size"]),
+                mtime=int(f["mtime"]),
+                sha256=f.get("sha256"),
+                mtime_ns=int(f["mtime_ns"]) if f.get("mtime_ns") is not None else None,
             )
             for f in params["files"]
         ]
@@ -325,7 +332,9 @@ def _sources(params: dict[str, Any]) -> list[SourceFile]:
         st = os.stat(path)
         if name != INDEX_NAME:
             _header(path)
-        out.append(SourceFile(name, path, st.st_size, int(st.st_mtime), digests.get(os.path.basename(path))))
+        out.append(
+            SourceFile(name, path, st.st_size, int(st.st_mtime), digests.get(os.path.basename(path)), st.st_mtime_ns)
+        )
     return out
 
 
@@ -440,6 +449,7 @@ def plan(module: AnsibleModule) -> dict[str, Any]:
                 "origin": f.source.origin,
                 "size": f.source.size,
                 "mtime": f.source.mtime,
+                **({"mtime_ns": f.source.mtime_ns} if f.source.mtime_ns is not None else {}),
                 "sha256": f.source.sha256,
                 "temp": os.path.join(dest, f.source.temp),
                 "partial": f.partial,
@@ -517,7 +527,9 @@ def copy_local(module: AnsibleModule) -> dict[str, Any]:
             if not stat.S_ISREG(before.st_mode):
                 raise StageError(f"{origin} is not a regular file; point model_stage_src at the weights themselves")
             os.set_blocking(src_fd, True)
-            if (before.st_size, int(before.st_mtime)) != (int(f["size"]), int(f["mtime"])):
+            if (before.st_size, int(before.st_mtime)) != (int(f["size"]), int(f["mtime"])) or (
+                f.get("mtime_ns") is not None and before.st_mtime_ns != int(f["mtime_ns"])
+            ):
                 raise StageError(f"{origin} changed since the plan; run the play again once it is complete")
             out_fd = _create_temp(temp)
             try:
@@ -530,7 +542,11 @@ def copy_local(module: AnsibleModule) -> dict[str, Any]:
                         out.write(chunk)
                     out.flush()
                     os.fsync(out.fileno())
-                    os.utime(out.fileno(), (f["mtime"], f["mtime"]))
+                    # To the nanosecond where known: the next plan compares it so (issue 43).
+                    if f.get("mtime_ns") is not None:
+                        os.utime(out.fileno(), ns=(int(f["mtime_ns"]), int(f["mtime_ns"])))
+                    else:
+                        os.utime(out.fileno(), (f["mtime"], f["mtime"]))
                 after = os.stat(origin)
                 if _identity(os.fstat(src_fd)) != _identity(before) or _identity(after) != _identity(before):
                     raise StageError(
@@ -757,7 +773,13 @@ def _commit(
                 continue
             fds[f["name"]] = _open_temp(f)
             digest = _verify(f, fds[f["name"]])
-            source = SourceFile(f["name"], f["origin"], int(f["size"]), int(f["mtime"]))
+            source = SourceFile(
+                f["name"],
+                f["origin"],
+                int(f["size"]),
+                int(f["mtime"]),
+                mtime_ns=int(f["mtime_ns"]) if f.get("mtime_ns") is not None else None,
+            )
             new_records[f["name"]] = record(source, digest)
             if f["name"] == INDEX_NAME:
                 index_text = _read_index(f["temp"])

@@ -8,6 +8,9 @@ source's size and mtime so an interrupted transfer of the same source resumes an
 source never appends to a stale one. After a file is verified (size, SHA-256, header) it is
 renamed into place and recorded in a sidecar, ``dest/.model_stage.json``, keyed by size and
 mtime: a re-run that finds the same size and mtime on both sides transfers and hashes nothing.
+The mtime is compared to the nanosecond too (the record's ``mtime_ns``, else the dest file's own,
+which the copy sets to the source's): a same-size source rewritten within the same second is staged
+again (issue 43), where seconds alone kept the old weights.
 
 When more than one file in ``dest`` changes (a shard set replaced, a single file replaced by
 shards), the new set is built complete in a staging directory beside ``dest`` (same filesystem:
@@ -66,6 +69,7 @@ class SourceFile:
     size: int
     mtime: int
     sha256: str | None = None  # expected digest from the inventory, if any
+    mtime_ns: int | None = None  # the same time to the nanosecond, where the reader knows it
 
     @property
     def is_index(self) -> bool:
@@ -85,6 +89,7 @@ class DestFile:
     uid: int
     gid: int
     mode: int
+    mtime_ns: int | None = None
 
 
 @dataclass
@@ -151,7 +156,7 @@ def file_entries_problem(files: list[Any] | None, dest: str, step: str) -> str |
         if missing:
             return f"{where} ({name}) lacks {', '.join(missing)}"
         numbers = {}
-        for key in ("size", "mtime"):
+        for key in ("size", "mtime", "mtime_ns"):
             if key in f:
                 value = f[key]
                 if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).isdigit():
@@ -279,7 +284,25 @@ def render_sidecar(records: dict[str, dict[str, Any]]) -> str:
 
 def record(src: SourceFile, digest: str) -> dict[str, Any]:
     """The sidecar entry for a staged file: the dest's own size and mtime equal the source's."""
-    return {"size": src.size, "mtime": src.mtime, "sha256": digest, "source": src.origin}
+    entry = {"size": src.size, "mtime": src.mtime, "sha256": digest, "source": src.origin}
+    if src.mtime_ns is not None:
+        entry["mtime_ns"] = src.mtime_ns
+    return entry
+
+
+def same_nanosecond(source: SourceFile, have: DestFile, rec: dict[str, Any]) -> bool:
+    """Whether the source's mtime is, to the nanosecond, the one its verified copy was made from.
+
+    The record's ``mtime_ns`` says so where the record has one; an older record (seconds only) is
+    trusted where the dest file's own mtime is the source's to the nanosecond (the copy sets it so:
+    rsync --times, os.utime). Unknown nanoseconds on the source side compare as before, in seconds.
+    """
+    if source.mtime_ns is None:
+        return True
+    recorded = rec.get("mtime_ns")
+    if recorded is not None:
+        return recorded == source.mtime_ns
+    return have.mtime_ns == source.mtime_ns
 
 
 def plan_stage(
@@ -308,6 +331,8 @@ def plan_stage(
             action, reason = "transfer", "modification time differs (the source changed)"
         elif rec is None or rec.get("size") != s.size or rec.get("mtime") != s.mtime:
             action, reason = "transfer", "no verified digest recorded for this file"
+        elif not same_nanosecond(s, have, rec):
+            action, reason = "transfer", "modification time differs within the second (the source was rewritten)"
         elif s.sha256 is not None and rec.get("sha256") != s.sha256:
             action, reason = "transfer", "the expected SHA-256 differs from the one recorded"
         else:

@@ -149,15 +149,19 @@ def unchanged_on_node(listing: str, sources: list[dict[str, Any]], args: dict[st
     text, sep, side = listing.replace("\r\n", "\n").partition(_MARK + "\n")
     if not sep or len(side) > MAX_RECORD_BYTES:
         return None
-    entries: dict[str, tuple[int, int, str, str, int, str]] = {}
+    entries: dict[str, tuple[int, int, str, str, int, str, int | None]] = {}
     for line in text.splitlines():
         parts = line.split("|")
         if len(parts) != 7:
             return None
         name, size, mtime, user, group, mode, kind = parts
+        stamp = mtime_ns_of(mtime)
+        if stamp is None or not size.isascii() or not size.isdigit() or len(size) > 20:
+            return None  # not what find prints: the full plan on the node decides
         try:
-            entries[name] = (int(size), int(float(mtime)), user, group, int(mode, 8), kind)
-        except (ValueError, OverflowError):  # 1e400 is a float too large for any int
+            # Seconds as the node's module reads them (int of the float), nanoseconds exactly.
+            entries[name] = (int(size), int(float(mtime)), user, group, int(mode, 8), kind, stamp)
+        except ValueError:
             return None
     want_mode, want_dir = int(str(args.get("mode") or "0640"), 8), int(str(args.get("dir_mode") or "0750"), 8)
     owner = (str(args["owner"]), str(args["group"]))
@@ -167,10 +171,12 @@ def unchanged_on_node(listing: str, sources: list[dict[str, Any]], args: dict[st
         return None
     if len(sources) > 1 and not any(f["name"] == INDEX_NAME for f in sources):
         return None  # a generated index: the node compares it with the shards' headers
-    dest = {n: DestFile(e[0], e[1], 0, 0, e[4]) for n, e in entries.items() if e[5] == "f"}
+    dest = {n: DestFile(e[0], e[1], 0, 0, e[4], e[6]) for n, e in entries.items() if e[5] == "f"}
     temps = {n: e[0] for n, e in entries.items() if n.startswith(TEMP_PREFIX)}
     records = parse_sidecar(side)
-    srcs = [SourceFile(f["name"], f["origin"], f["size"], f["mtime"], f.get("sha256")) for f in sources]
+    srcs = [
+        SourceFile(f["name"], f["origin"], f["size"], f["mtime"], f.get("sha256"), f.get("mtime_ns")) for f in sources
+    ]
     plan = plan_stage(srcs, dest, records, temps, False)
     if plan.transfers or plan.stale_temps or plan.stale_weights:
         return None
@@ -179,6 +185,17 @@ def unchanged_on_node(listing: str, sources: list[dict[str, Any]], args: dict[st
         if e[2:4] != owner or e[4] != want_mode:
             return None
     return {f["name"]: records[f["name"]] for f in sources}
+
+
+def mtime_ns_of(text: str) -> int | None:
+    """find's ``%T@`` (seconds since the epoch with up to ten fraction digits) as whole nanoseconds; None
+    for anything else. Read as digits, not as a float: a float keeps only about 7 fraction digits."""
+    whole, _, fraction = text.partition(".")
+    if not (whole.isascii() and whole.isdigit() and len(whole) <= 12) or not (
+        fraction == "" or (fraction.isascii() and fraction.isdigit())
+    ):
+        return None
+    return int(whole) * 10**9 + int((fraction + "000000000")[:9])
 
 
 def quick_check_command(dest: str) -> str:
@@ -318,6 +335,7 @@ class ActionModule(ActionBase):
                     "origin": path,
                     "size": st.st_size,
                     "mtime": int(st.st_mtime),
+                    "mtime_ns": st.st_mtime_ns,
                     "sha256": digests.get(os.path.basename(path)),
                 }
             )
