@@ -525,6 +525,6 @@ def inspect_shards(index_path: str, checksum: str = "none") -> Checkpoint:
     declared = index_meta.get("total_size")
     if declared is not None and declared != cp.total_bytes:
         cp.warnings.append(
-            f"{index_path}: metadata.total_size is {declared} but the shards hold {cp.total_bytes} bytes of tensors"
+            f"{index_path}: metadata.total_size is {declared!r} but the shards hold {cp.total_bytes} bytes of tensors"
         )
     return cp

@@ -54,6 +54,7 @@ from ansible.module_utils.safetensors_header import (
     inspect_shards,
     read_file_header,
 )
+from ansible.module_utils.terminal_text import terminal_text
 
 MODULE = "safetensors_stage"
 # A multi-GB transfer takes minutes: a line with rsync's own progress at most this often.
@@ -466,7 +467,7 @@ class ActionModule(ActionBase):
                 if rc != 0:
                     failures.append(
                         f"rsync of {t['origin']} to {t['temp']} failed (exit {rc}):"
-                        f" {stderr.strip()[-1500:]}. The partial copy is kept; the next run resumes it."
+                        f" {terminal_text(stderr.strip()[-1500:])}. The partial copy is kept; the next run resumes it."
                     )
                     return
 

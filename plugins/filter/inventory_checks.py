@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -230,6 +231,9 @@ def type_problem(name: str, value: Any, spec: Mapping[str, Any]) -> str | None:
         return f"{name} must be a number, not the boolean {show(value)}."
     if want in ("int", "float") and isinstance(value, str):
         return f"{name} is the string {show(value)}; it must be a number: write it without quotes."
+    if want in ("int", "float") and isinstance(value, float) and not math.isfinite(value):
+        # YAML's .inf and .nan are floats, but no setting means them: .inf passes "above 1.0" (issue 43).
+        return f"{name} is {show(value)}; it must be a finite number."
     if not isinstance(value, _TYPES.get(want, (object,))):
         scalar = yaml_type(value) in ("int", "float", "bool")
         quote = " (quote it so YAML reads a string)" if want in ("str", "path") and scalar else ""

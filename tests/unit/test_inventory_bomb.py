@@ -112,3 +112,11 @@ def test_a_bomb_through_ansible_playbook_is_refused_in_seconds_naming_the_variab
     assert res.returncode == 2, out
     assert "n1: service_swap_served_model_name holds more than 10000 elements (list)" in out, out
     assert took < 60, f"took {took:.0f} s"
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_a_number_setting_that_is_not_finite_is_refused(value) -> None:
+    """YAML's .inf passed "service_swap_min_acceptance_length > 1.0", and every swap then failed its gate."""
+    problems = inventory_problems({"service_swap_min_acceptance_length": value}, "n1", ROLES)
+    assert problems == [f"n1: service_swap_min_acceptance_length is {value!r}; it must be a finite number."]
+    assert inventory_problems({"service_swap_min_acceptance_length": 2.5}, "n1", ROLES) == []

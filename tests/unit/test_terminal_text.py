@@ -183,3 +183,14 @@ def test_a_gate_fed_by_a_hostile_server_prints_no_escape_through_ansible_playboo
     assert res.returncode == 2, out
     assert "answered HTTP 500: red link" in out, out
     assert "\x1b" not in out and "\x9b" not in out and "\u202e" not in out, repr(out)
+
+
+def test_the_roles_filters_are_the_one_helper() -> None:
+    from outside_text import FilterModule
+
+    filters = FilterModule().filters()
+    assert filters["terminal_text"](HOSTILE) == terminal_text(HOSTILE)
+    assert filters["terminal_text"](None) == ""
+    assert filters["terminal_text"]("x" * 50, 10) == "x" * 10 + "..."
+    assert filters["terminal_lines"](["\x1b[2Ja", "b\x07"]) == ["a", "b"]
+    assert filters["terminal_lines"](None) == []
