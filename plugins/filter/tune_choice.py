@@ -159,8 +159,10 @@ def tune_choose(results: Sequence[Mapping[str, Any]], margin: float, concurrency
         winner, reason = None, f"{lead}, so none serves ({failed})"
     elif chain is None:
         winner = fastest(passed)
+        chain_measured = any(r.get("method") == CHAIN and r.get("status") == "ok" for r in results)
+        chain_why = "has no speed to compare" if chain_measured else "failed its gates"
         reason = (
-            f"the DFlash chain failed its gates ({next(r['note'] for r in rows if r['method'] == CHAIN)}), so "
+            f"the DFlash chain {chain_why} ({next(r['note'] for r in rows if r['method'] == CHAIN)}), so "
             f"{winner['name']} serves as the fastest candidate that passed ({winner['tok_s']:.1f} tok/s {at}), "
             "not compared with a chain"
         )

@@ -178,6 +178,7 @@ def test_a_chain_whose_figure_is_not_a_speed_is_refused_and_nothing_crashes(chai
     assert chain_row["note"].startswith("measured, but its throughput at concurrency 1 is ")
     assert chain_row["note"].endswith("not a speed to compare; measure again (tune_force=true)")
     assert choice["winner"] == "ddtree-32"
+    assert choice["reason"].startswith("the DFlash chain has no speed to compare (measured, but its throughput")
     assert "not compared with a chain" in choice["reason"]
     json.dumps(choice, allow_nan=False)  # no inf or nan anywhere in what is stored and reported
     rows = tune_rows({"n1": {"report": {"tune": choice}}})
