@@ -264,3 +264,49 @@ def test_the_tune_plot_draws_no_bar_from_a_figure_that_is_not_a_speed() -> None:
     data["results"].append(measured("ddtree", 32, 99.0))
     _levels, bars, _failed = tune_plot.series(data)
     assert [ys for _name, ys, _chosen in bars] == [[0.0], [0.0], [0.0], [0.0], [99.0]]
+
+
+def test_a_stored_bad_record_through_ansible_playbook_neither_crashes_nor_sticks(tmp_path) -> None:
+    """roles/tune's read path (json_file_info, tune_read_record, tune_choose) on the records issue 43 found:
+    a chain at 0.0 tok/s and an Infinity written as 1e400. Each run measures again instead of failing."""
+    import os
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    zero = {
+        "inputs_digest": "d",
+        "inputs": {},
+        "results": [measured("dflash", None, 0.0), measured("ddtree", 32, 250.0)],
+    }
+    (tmp_path / "zero.fact").write_text(json.dumps(zero))
+    (tmp_path / "inf.fact").write_text(json.dumps(zero).replace("250.0", "1e400"))
+    play = tmp_path / "record.yml"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - json_file_info: {path: '" + str(tmp_path) + "/{{ item }}.fact', missing_ok: true}\n"
+        "      loop: [zero, inf]\n      register: facts\n      failed_when: false\n"
+        "    - ansible.builtin.debug:\n"
+        '        msg: "RECORD {{ item.item }} {{ item.data | default(none) | tune_read_record | to_json }}"\n'
+        "      loop: '{{ facts.results }}'\n"
+        "    - ansible.builtin.debug:\n"
+        '        msg: "CHOICE {{ (facts.results[0].data.results | tune_choose(0.05, 1)).reason }}"\n'
+    )
+    inventory = tmp_path / "localhost.ini"
+    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(repo / "ansible.cfg"), DFLASH_REPORT_DIR=str(tmp_path / "r"))
+    res = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(play)],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert '"msg": "RECORD zero {}"' in out, out  # measured again, once
+    assert '"msg": "RECORD inf {}"' in out, out  # refused where read (json_file_info), measured again
+    assert (
+        "CHOICE the DFlash chain has no speed to compare (measured, but its throughput at concurrency 1 is 0.0" in out
+    )
+    assert "NoneType.__format__" not in out
