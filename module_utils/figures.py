@@ -27,7 +27,10 @@ class FigureError(ValueError):
 def _shown(value: Any) -> str:
     """``value`` as a message shows it, without converting a huge integer to text in full."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
-        # Estimated from the bit length: str() of an int past 4300 digits raises ValueError.
+        # Counted where str() can (up to 4300 digits), else estimated from the bit length.
+        if value.bit_length() <= 14000:
+            digits = len(str(abs(value)))
+            return f"{'-' if value < 0 else ''}an integer of {digits} digits"
         return f"{'-' if value < 0 else ''}an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -310,3 +310,36 @@ def test_a_stored_bad_record_through_ansible_playbook_neither_crashes_nor_sticks
         "CHOICE the DFlash chain has no speed to compare (measured, but its throughput at concurrency 1 is 0.0" in out
     )
     assert "NoneType.__format__" not in out
+
+
+# --- openai_probe: an answer it cannot measure is a failed gate with a sentence (class 3) --------------------
+
+
+@pytest.mark.parametrize(
+    ("tokens", "requests", "shown"),
+    [
+        ("9" * 400, 1, "an integer of 400 digits"),
+        ("1e308", 2, "1e+308"),  # each is whole but past the range
+        ("999999999999", 2, "1999999999998"),  # each in range, their sum is not
+    ],
+)
+def test_a_completion_count_past_any_count_is_a_sentence_not_a_crash(tokens, requests, shown, capsys) -> None:
+    """400 digits (or 1e308 twice) crashed openai_probe with "int too large to convert to float"."""
+    import openai_probe
+    from ansible.module_utils.testing import patch_module_args
+    from test_openai_hostile import Hostile, fixed, healthy
+
+    server = Hostile()
+    try:
+        healthy(server)
+        body = '{"choices": [{"text": "x"}], "usage": {"completion_tokens": TOKENS}}'.replace("TOKENS", tokens)
+        server.behaviour["/v1/completions"] = fixed(body.encode())
+        with patch_module_args({"url": server.url, "requests": requests, "timeout": 5}), pytest.raises(SystemExit):
+            openai_probe.main()
+        result = json.loads(capsys.readouterr().out)
+    finally:
+        server.close()
+    assert result["error"].startswith("the server's answer cannot be measured: "), result
+    assert f"is {shown}, not a count of tokens" in result["error"], result
+    assert result["error"].endswith("; its usage figures are broken")
+    assert "tokens_per_second" not in result and "int too large" not in result["error"]

@@ -66,7 +66,7 @@ def test_a_real_shape_passes_with_its_index() -> None:
         ("linear_key_head_dim", math.inf, "is inf, not a whole number"),
         ("linear_value_head_dim", -128, "is -128, outside 1 to 65536"),
         ("linear_value_head_dim", 0, "is 0, outside 1 to 65536"),
-        ("linear_num_key_heads", 10**400, "is an integer of about 401 digits, outside 1 to 4096"),
+        ("linear_num_key_heads", 10**400, "is an integer of 401 digits, outside 1 to 4096"),
         ("linear_conv_kernel_dim", 2.5, "is 2.5, not a whole number"),
         ("linear_num_key_heads", True, "is True, not a whole number"),
     ],
