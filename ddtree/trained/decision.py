@@ -1,6 +1,6 @@
 """DDTree against the chain at the real model's shapes: measured acceptance x measured step cost.
 
-    python3 -m ddtree.trained.decision SUMMARY.json [--step-costs FILE ...]
+    python3 -m ddtree.trained.decision SUMMARY.json [--step-costs FILE ...] [--replay OUT.json]
 
 A speculative step yields its accepted drafts plus one token, so a method serving ``b`` requests
 at mean acceptance length ``L`` with ``t`` ms per verification step delivers
@@ -12,6 +12,10 @@ temperature 0, Qwen's sampling for 0.7; batch 1 and 8); ``t`` from the step-cost
 Qwen3.6-27B's shapes with random weights (ddtree/bench/step_cost.py results: the same engine and
 change set, each method beside the chain in one run). Budget 15 takes budget 16's step cost (the
 nearest measured, one node apart). A cell without both figures says so.
+
+``--replay OUT.json`` writes the same figures per method for the lab's stand-in vLLM
+(tests/fakes/inference_server.py), which serves each method at its measured mean acceptance length
+and its measured step cost relative to the chain's, so the lab's tuning sees these ratios.
 """
 
 from __future__ import annotations
@@ -77,6 +81,29 @@ def table(summary: dict, costs: dict) -> list[dict]:
     return rows
 
 
+def replay(summary: dict, costs: dict) -> dict:
+    """Per method, temperature ("greedy", "sampled") and batch: the measured L and ms per step.
+
+    The lab's stand-in engine reads this (tests/lab/labctl.py writes it onto each node); a cell
+    holds None where that figure was not measured, and the stand-in takes the nearest measured one.
+    """
+    lengths = mean_lengths(summary)
+    kinds = {"T=0": "greedy", "T=0.7": "sampled"}
+    methods: dict[str, dict] = {}
+    for method, cost_method in STEP_COST_METHOD.items():
+        cells: dict[str, dict] = {}
+        for temp, kind in kinds.items():
+            for batch in (1, 8):
+                length = lengths.get((method, temp, batch))
+                ms = costs.get((cost_method, batch))
+                cells.setdefault(kind, {})[str(batch)] = {
+                    "mean_acceptance_length": length,
+                    "ms_per_step": ms[0] if ms else None,
+                }
+        methods[method] = cells
+    return {"methods": methods}
+
+
 def markdown(rows: list[dict]) -> str:
     def f(v, nd=2):
         return "not measured" if v is None else f"{v:.{nd}f}"
@@ -99,11 +126,25 @@ def main() -> int:
     ap.add_argument("summary", type=Path, help="a trained pair's proof summary.json")
     ap.add_argument("--step-costs", type=Path, nargs="*", help="step_cost result files (default: the 27B ones)")
     ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--replay", type=Path, help="write the per-method figures the lab's stand-in vLLM serves at")
     a = ap.parse_args()
     files = a.step_costs or default_step_costs()
     if not files:
         raise SystemExit("no step-cost results found: give --step-costs FILE (ddtree/bench/step_cost.py writes them)")
-    rows = table(json.loads(a.summary.read_text()), step_costs(files, a.context))
+    summary, costs = json.loads(a.summary.read_text()), step_costs(files, a.context)
+    if a.replay:
+        out = replay(summary, costs)
+        out["source"] = {
+            "acceptance": a.summary.name,
+            "step_costs": [f.name for f in files],
+            "context": a.context,
+            "manifest_sha256": summary.get("manifest_sha256"),
+        }
+        tmp = a.replay.with_name(a.replay.name + ".tmp")
+        tmp.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+        tmp.replace(a.replay)
+        return 0
+    rows = table(summary, costs)
     print(markdown(rows))
     print(f"\nstep costs at {a.context} tokens of context from: {', '.join(str(f) for f in files)}")
     return 0

@@ -22,13 +22,24 @@ the accepted share of the engine's speculative tokens: vLLM's --speculative-conf
 num_speculative_tokens, SGLang's --speculative-num-steps (MTP). So the same prompt runs at different
 speeds on the two engines, from their own command lines, and the low_acceptance knob slows vLLM.
 
+Measured figures (the lab's default, written by tests/lab/labctl.py from the results of record
+through ddtree/trained/decision.py --replay): /etc/lab-fakes/measured-figures.json holds, per method
+(chain, ddtree15/32/64), temperature (greedy, sampled) and batch (1, 8), a trained pair's measured
+mean acceptance length and the measured ms per verification step at Qwen3.6-27B's shapes. vLLM then
+serves each method at its measured length (tokens per target step) and at TARGET_STEP_S x its step
+cost over the chain's at that batch, for the request's temperature (0: greedy) and the batch in
+flight (up to 4 requests: batch 1's figures, more: batch 8's); a figure not measured is taken from
+the other batch, then the other temperature. The chain is "dflash", a budget "ddtree-<budget>"; a
+method the file lacks (or a knob below that sets its speed) falls back to the knobs' model.
+
 Failure knobs, read at start from /etc/lab-fakes/engine-knobs.json: top-level keys apply to every
 engine, a section named after the engine ("vllm", "sglang") overrides them for that engine only:
     {"vllm": {"never_healthy": true}}   /health answers 503 forever
     {"vllm": {"die_at_start": true}}    exits 1 before serving (systemd sees a failed start)
     {"vllm": {"low_acceptance": true}}  drafts are almost never accepted (mean length about 1.1)
     {"vllm": {"slow_start_s": 20}}      /health answers 503 for that many seconds first
-Speed knobs (roles/tune measures them): `accept_share`, the share of the speculative tokens a draft
+Speed knobs (roles/tune measures them; any of them set for an engine turns the measured figures off
+for it): `accept_share`, the share of the speculative tokens a draft
 gets accepted (default 0.35), and `step_cost`, how many times longer a target step takes (default
 1.0; a DDTree step verifies more tokens and costs more). A "methods" section inside the engine's
 section overrides any knob for one speculative method, named as roles/tune names its candidates
@@ -56,6 +67,7 @@ from pathlib import Path
 
 HOLDERS_DIR = Path(os.environ.get("LAB_FAKES_HOLDERS", "/run/lab-fakes/gpu-holders"))
 KNOBS_FILE = Path(os.environ.get("LAB_FAKES_KNOBS", "/etc/lab-fakes/engine-knobs.json"))
+MEASURED_FILE = Path(os.environ.get("LAB_FAKES_MEASURED", "/etc/lab-fakes/measured-figures.json"))
 # What one H200 of the captured fixtures has (143771 MiB) times SGLang's default
 # --mem-fraction-static 0.88: the order of what a serving engine really holds.
 HELD_MIB_PER_GPU = 126518
@@ -99,7 +111,7 @@ class Engine:
     def metrics(self) -> str:
         return ""
 
-    def on_completion(self, tokens: int) -> None:
+    def on_completion(self, tokens: int, per_step: float | None = None) -> None:
         self.counters["generation_tokens"] = self.counters.get("generation_tokens", 0) + tokens
 
     def speculative_tokens(self) -> int:
@@ -114,7 +126,11 @@ class Engine:
         n = self.speculative_tokens()
         return 1.0 + max(0.0, min(float(n), self.accepted_share() * n))
 
-    def generate(self, prompt: str, max_tokens: int) -> Iterator[tuple[str, int]]:
+    def speed(self, temperature: float, batch: int) -> tuple[float, float]:
+        """(tokens per target step, seconds per step) for a request at this temperature and batch."""
+        return self.tokens_per_step(), self.step_s
+
+    def generate(self, prompt: str, max_tokens: int, temperature: float = 0.0) -> Iterator[tuple[str, int]]:
         """(text, tokens) per target step, each after the step's time; the counters move at the end.
 
         Each step ends at a deadline counted from the request's start, not a sleep after the last
@@ -124,14 +140,15 @@ class Engine:
         words = completion_words(prompt, max_tokens)
         with self.lock:
             self.in_flight += 1
+            per_step, step_s = self.speed(temperature, self.in_flight)
         try:
-            deadline = time.monotonic() + self.step_s + PREFILL_S_PER_WORD * len(prompt.split())
+            deadline = time.monotonic() + step_s + PREFILL_S_PER_WORD * len(prompt.split())
             time.sleep(max(0.0, deadline - time.monotonic()))
-            per_step, done, step = self.tokens_per_step(), 0, 0
+            done, step = 0, 0
             while done < len(words):
                 with self.lock:
                     others = self.in_flight - 1
-                deadline += self.step_s * (1 + BATCH_STEP_COST * others)
+                deadline += step_s * (1 + BATCH_STEP_COST * others)
                 time.sleep(max(0.0, deadline - time.monotonic()))
                 step += 1
                 upto = min(len(words), max(done + 1, round(step * per_step)))
@@ -140,7 +157,7 @@ class Engine:
         finally:
             with self.lock:
                 self.in_flight -= 1
-                self.on_completion(len(words))
+                self.on_completion(len(words), per_step)
 
 
 class SGLang(Engine):
@@ -262,6 +279,8 @@ class VLLM(Engine):
 
     speculative: dict | None = None
     accept_share: float = HEALTHY_ACCEPT_SHARE
+    # The measured figures for this engine's method and the chain's (see load_replay); None: the knobs' model.
+    replay: dict | None = None
     max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192
 
@@ -351,13 +370,20 @@ class VLLM(Engine):
     def accepted_share(self) -> float:
         return self.accept_share
 
-    def on_completion(self, tokens: int) -> None:
-        super().on_completion(tokens)
+    def speed(self, temperature: float, batch: int) -> tuple[float, float]:
+        if not self.replay:
+            return super().speed(temperature, batch)
+        length, ratio = replay_cell(self.replay, temperature, batch)
+        return length, TARGET_STEP_S * ratio
+
+    def on_completion(self, tokens: int, per_step: float | None = None) -> None:
+        super().on_completion(tokens, per_step)
         if not self.speculative:
             return
         n = int(self.speculative["num_speculative_tokens"])
         # Every step proposes one draft of n tokens; the target keeps the accepted ones plus a bonus.
-        per_draft = max(0.0, min(float(n), self.accept_share * n))
+        accepted_per_draft = self.accept_share * n if per_step is None else per_step - 1.0
+        per_draft = max(0.0, min(float(n), accepted_per_draft))
         drafts = max(1, -(-tokens * 1000 // int((1 + per_draft) * 1000)))
         accepted = max(0, min(tokens - drafts, drafts * n))
         c = self.counters
@@ -411,6 +437,45 @@ def load_knobs(engine: str) -> dict:
     return knobs
 
 
+# The speed knobs: any of them in force for an engine turns the measured figures off for it.
+SPEED_KNOBS = ("accept_share", "low_acceptance", "step_cost")
+
+
+def replay_method(method_name: str) -> str:
+    """roles/tune's candidate name ('dflash', 'ddtree-32') as ddtree/trained/decision.py names it."""
+    return "chain" if method_name == "dflash" else method_name.replace("-", "")
+
+
+def load_replay(method_name: str) -> dict | None:
+    """{"method": cells, "chain": cells} from MEASURED_FILE, or None (no file, or the method is not in it)."""
+    try:
+        methods = json.loads(MEASURED_FILE.read_text())["methods"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    cells = methods.get(replay_method(method_name)) if method_name else None
+    if not isinstance(cells, dict):
+        return None
+    return {"method": cells, "chain": methods.get("chain") or {}}
+
+
+def replay_cell(replay: dict, temperature: float, batch: int) -> tuple[float, float]:
+    """(mean acceptance length, step cost over the chain's) of the nearest measured cell.
+
+    The request's own temperature and batch first, then the other batch, then the other temperature.
+    """
+    kinds = ["sampled", "greedy"] if temperature > 0 else ["greedy", "sampled"]
+    batches = ["1", "8"] if batch <= 4 else ["8", "1"]
+    for kind in kinds:
+        for b in batches:
+            cell = (replay["method"].get(kind) or {}).get(b) or {}
+            length, ms = cell.get("mean_acceptance_length"), cell.get("ms_per_step")
+            if not length:
+                continue
+            chain_ms = ((replay["chain"].get(kind) or {}).get(b) or {}).get("ms_per_step")
+            return float(length), (float(ms) / float(chain_ms)) if ms and chain_ms else 1.0
+    return 1.0, 1.0
+
+
 def apply_knobs(engine: Engine, knobs: dict) -> dict:
     """Set the engine's speed from the knobs; returns the knobs in force for its speculative method.
 
@@ -425,6 +490,8 @@ def apply_knobs(engine: Engine, knobs: dict) -> dict:
             engine.accept_share = float(knobs["accept_share"])
         if knobs.get("low_acceptance"):
             engine.accept_share = LOW_ACCEPT_SHARE
+        if not any(k in knobs for k in SPEED_KNOBS):
+            engine.replay = load_replay(engine.method_name())
     engine.step_s = TARGET_STEP_S * float(knobs.get("step_cost", 1.0))
     return knobs
 
@@ -506,7 +573,11 @@ def make_handler(engine: Engine, ready: threading.Event):
             if self.path != "/v1/completions":
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
                 return
-            steps = engine.generate(str(req.get("prompt", "")), int(req.get("max_tokens", 16)))
+            try:
+                temperature = float(req.get("temperature", 1.0))
+            except (TypeError, ValueError):
+                temperature = 1.0
+            steps = engine.generate(str(req.get("prompt", "")), int(req.get("max_tokens", 16)), temperature)
             if req.get("stream"):
                 self._stream(steps, bool((req.get("stream_options") or {}).get("include_usage")))
                 return

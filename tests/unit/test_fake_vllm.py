@@ -203,3 +203,77 @@ def test_a_method_knob_can_make_one_budget_die(tmp_path, target, drafter, monkey
     tree = spec(method="ddtree", model=str(drafter), num_speculative_tokens=15, ddtree_budget=64)
     assert fake.main(["serve", str(target), *SCHEDULER, "--speculative-config", tree], "/opt/lab-fakes/vllm") == 1
     assert "engine died during start (knob die_at_start)" in capsys.readouterr().err
+
+
+# The measured figures the lab replays, built as tests/lab/labctl.py builds them: from the results of
+# record at the time the test runs, so a new build's figures are tested as they land.
+def _replay_file(tmp_path) -> tuple[Path, list[dict]]:
+    from ddtree.trained import decision
+
+    summary = json.loads((REPO / "ddtree" / "results" / "trained_hybrid_h100.json").read_text())
+    costs = decision.step_costs(decision.default_step_costs(), 512)
+    path = tmp_path / "measured-figures.json"
+    path.write_text(json.dumps(decision.replay(summary, costs)))
+    return path, decision.table(summary, costs)
+
+
+def _serving(target, drafter, budget: int | None):
+    if budget is None:
+        config = spec(method="dflash", model=str(drafter), num_speculative_tokens=15)
+    else:
+        config = spec(method="ddtree", model=str(drafter), num_speculative_tokens=15, ddtree_budget=budget)
+    e = engine(target, *SCHEDULER, "--speculative-config", config)
+    fake.apply_knobs(e, {})
+    return e
+
+
+def test_replays_the_measured_figures_as_the_decision_table_combines_them(tmp_path, target, drafter, monkeypatch):
+    path, table = _replay_file(tmp_path)
+    monkeypatch.setattr(fake, "MEASURED_FILE", path)
+    chain = _serving(target, drafter, None)
+    chain_tokens, chain_s = chain.speed(0.0, 1)
+    compared = 0
+    for row in table:
+        if row["ddtree_over_chain"] is None or (row["temperature"], row["batch"]) != ("T=0", 1):
+            continue
+        tree = _serving(target, drafter, int(row["method"][6:]))
+        tokens, step_s = tree.speed(0.0, 1)
+        assert tokens == row["L"]
+        # tokens/s over the chain's is the table's DDTree / chain
+        assert (tokens / step_s) / (chain_tokens / chain_s) == pytest.approx(row["ddtree_over_chain"], abs=0.001)
+        compared += 1
+    assert compared >= 1
+    # the counters vLLM's /metrics reports give the same mean acceptance length
+    tree.on_completion(4000, tokens)
+    assert 1 + tree.counters["accepted"] / tree.counters["drafts"] == pytest.approx(tokens, abs=0.01)
+
+
+def test_a_figure_not_measured_is_the_nearest_measured_one(tmp_path, target, drafter, monkeypatch):
+    path, _ = _replay_file(tmp_path)
+    figures = json.loads(path.read_text())
+    figures["methods"]["chain"]["sampled"] = {"1": {"mean_acceptance_length": None, "ms_per_step": 25.0}}
+    figures["methods"]["ddtree32"]["greedy"]["8"] = {"mean_acceptance_length": 3.0, "ms_per_step": None}
+    path.write_text(json.dumps(figures))
+    monkeypatch.setattr(fake, "MEASURED_FILE", path)
+    chain = _serving(target, drafter, None)
+    assert chain.speed(0.7, 1) == chain.speed(0.0, 1)  # sampled not measured: greedy's
+    tree = _serving(target, drafter, 32)
+    greedy_8 = figures["methods"]["ddtree32"]["greedy"]["8"]
+    # batch 8's length, and without a batch-8 step cost the chain's speed ratio of 1
+    assert tree.speed(0.0, 8) == (greedy_8["mean_acceptance_length"], pytest.approx(0.0116))
+
+
+def test_a_speed_knob_or_an_unknown_method_turns_the_figures_off(tmp_path, target, drafter, monkeypatch):
+    path, _ = _replay_file(tmp_path)
+    monkeypatch.setattr(fake, "MEASURED_FILE", path)
+    tree = engine(
+        target,
+        *SCHEDULER,
+        "--speculative-config",
+        spec(method="ddtree", model=str(drafter), num_speculative_tokens=15, ddtree_budget=32),
+    )
+    fake.apply_knobs(tree, {"low_acceptance": True})
+    assert tree.replay is None
+    assert tree.speed(0.0, 1)[0] == pytest.approx(1 + 0.004 * 15)
+    odd = _serving(target, drafter, 48)
+    assert odd.replay is None
