@@ -7,7 +7,10 @@ SHELL := /bin/bash
 
 VENV      := .venv
 BIN       := $(VENV)/bin
-LAB       ?= lab
+# Each clone has its own lab (containers, bridge, subnet, keys): by default "lab-" and a short hash of
+# this clone's path (tests/lab/labctl.py picks it); LAB=name picks another.
+LAB       ?=
+LABCTL_LAB = $(if $(LAB),--lab $(LAB))
 LAB_NODES ?= 2
 LAB_FIXTURES ?= h200-x1,h200-x2
 export PATH := $(CURDIR)/$(BIN):$(PATH)
@@ -16,34 +19,43 @@ export MOLECULE_GLOB := tests/molecule/*/molecule.yml
 
 PY_DIRS := library module_utils plugins tests roles benchmarks playbooks ddtree
 
-.PHONY: help host-deps venv lab lab-down lint unit molecule test
+.PHONY: help host-deps venv lab-venv lab lab-down lint unit molecule test
 
 help:
 	@echo "make lab       build the lab (LAB_NODES=$(LAB_NODES)) and run site.yml against it"
 	@echo "make test      yamllint, ansible-lint, ruff, pytest and the Molecule scenarios"
-	@echo "make lab-down  remove every container, bridge and key the lab made"
+	@echo "make lab-down  remove every container, bridge and key this clone's lab made"
 
 host-deps:
 	@tests/lab/host-deps.sh
 
-# requirements.txt: what an operator's controller needs; requirements-test.txt (which starts with
-# it) adds the lint, test and benchmark tools. A change to either re-installs.
+# requirements.txt: what an operator's controller needs, and all that `make lab` installs (the lab
+# tool and the stand-in engines use the standard library only); requirements-test.txt (which starts
+# with it) adds the lint, test and benchmark tools (torch and triton among them) for `make test`.
+# A change to either re-installs.
+$(BIN)/.installed-lab: requirements.txt
+	@test -x $(BIN)/python || /usr/bin/python3 -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	@touch $@
+
 $(BIN)/.installed: requirements.txt requirements-test.txt
 	@test -x $(BIN)/python || /usr/bin/python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-test.txt
-	@touch $@
+	@touch $@ $(BIN)/.installed-lab
+
+lab-venv: host-deps $(BIN)/.installed-lab
 
 venv: host-deps $(BIN)/.installed
 
-lab: venv
-	$(BIN)/python tests/lab/labctl.py up --lab $(LAB) --nodes $(LAB_NODES) \
-	  --fixtures $(LAB_FIXTURES) --inventory-dir inventory/lab
-	# The controller's wheel cache (real vLLM wheels from PyPI, once) that the lab installs from.
-	$(BIN)/ansible-playbook tests/lab/wheelhouse.yml
+lab: lab-venv
+	$(BIN)/python tests/lab/labctl.py up $(LABCTL_LAB) --nodes $(LAB_NODES) \
+	  --fixtures $(LAB_FIXTURES) --inventory-dir inventory/lab --replay-measured
+	# The controller's wheel cache (the deployed release's real vLLM wheel from PyPI, once) that the lab installs from.
+	$(BIN)/ansible-playbook tests/lab/wheelhouse.yml -e lab_deployed_only=true
 	$(BIN)/ansible-playbook site.yml
 
-lab-down: venv
-	$(BIN)/python tests/lab/labctl.py down --lab $(LAB)
+lab-down: lab-venv
+	$(BIN)/python tests/lab/labctl.py down $(LABCTL_LAB)
 
 lint: venv
 	$(BIN)/yamllint --strict .

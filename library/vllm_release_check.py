@@ -106,8 +106,14 @@ warnings_found:
   elements: str
   returned: always
   sample: ["vLLM releases before 0.30.0, reportedly including 0.20.1, can collapse ..."]
+notes_found:
+  description: Known problems this deployment already handles (the change set fixes them, or the roles always avoid them); not printed as warnings.
+  type: list
+  elements: str
+  returned: always
+  sample: ["vLLM 0.20.1 feeds the DFlash drafter one target layer too early ...; ddtree_patch fixes it here ..."]
 findings:
-  description: Every finding with its level (refuse or warn) and a stable code.
+  description: Every finding with its level (refuse, warn or note) and a stable code.
   type: list
   elements: dict
   returned: always
@@ -121,6 +127,7 @@ from ansible.module_utils.vllm_releases import (
     Request,
     evaluate,
     find_release,
+    notes,
     parse_version,
     patch_fixes_for,
     refusals,
@@ -180,6 +187,7 @@ def run(module: AnsibleModule) -> None:
         "torch": row.torch if row else None,
         "refusals": [f.message for f in refusals(findings)],
         "warnings_found": [f.message for f in warnings(findings)],
+        "notes_found": [f.message for f in notes(findings)],
         "findings": [f.as_dict() for f in findings],
     }
     for finding in warnings(findings):

@@ -45,6 +45,9 @@ PROJECT_PATCHES: dict[str, tuple[str, ...]] = {
 
 LEVEL_REFUSE = "refuse"
 LEVEL_WARN = "warn"
+# A known problem this deployment already handles (the change set fixes it, or the roles always do
+# what avoids it): reported with the findings, never printed as a warning.
+LEVEL_NOTE = "note"
 
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(\+[A-Za-z0-9.]+)?$")
 
@@ -326,6 +329,10 @@ def _warn(code: str, message: str) -> Finding:
     return Finding(LEVEL_WARN, code, message)
 
 
+def _note(code: str, message: str) -> Finding:
+    return Finding(LEVEL_NOTE, code, message)
+
+
 def evaluate(req: Request) -> list[Finding]:
     """Refusals and warnings for ``req``, most fundamental first. Pure."""
     if req.method not in METHODS:
@@ -397,7 +404,7 @@ def evaluate(req: Request) -> list[Finding]:
     if row.aux_offset_fixed is False:
         if FIX_AUX_LAYER_OFFSET in fixes:
             findings.append(
-                _warn(
+                _note(
                     "aux-layer-offset-patched",
                     f"vLLM {vtext} feeds the DFlash drafter one target layer too early "
                     "(fixed upstream in 0.22.0, vllm-project/vllm#40727); ddtree_patch fixes it "
@@ -418,7 +425,7 @@ def evaluate(req: Request) -> list[Finding]:
         if row.sliding == SLIDING_SILENT_FULL:
             if FIX_SLIDING_DRAFTER in fixes:
                 findings.append(
-                    _warn(
+                    _note(
                         "sliding-drafter-patched",
                         f"vLLM {vtext} runs sliding-window drafter layers as full non-causal "
                         "attention; ddtree_patch makes them causal and windowed here, so "
@@ -482,21 +489,23 @@ def evaluate(req: Request) -> list[Finding]:
 
     if req.hybrid_target and "gdn_prefix_caching" in row.bugs:
         findings.append(
-            _warn(
+            _note(
                 "gdn-prefix-caching",
                 f"on vLLM {vtext}, prefix caching with speculative decoding corrupts output on GDN "
                 "hybrid targets (vllm-project/vllm#47194); the service must run with "
-                "--no-enable-prefix-caching",
+                "--no-enable-prefix-caching, which service_swap renders on hybrid targets "
+                "(service_swap_prefix_caching: auto)",
             )
         )
 
     if "fa3_aot_cuda_graphs" in row.bugs:
         findings.append(
-            _warn(
+            _note(
                 "fa3-aot-cuda-graphs",
                 f"vLLM releases before 0.30.0, reportedly including {vtext}, can collapse DFlash "
-                "acceptance to 1.0 under CUDA graphs with FA3 ahead-of-time scheduling; keep the "
-                "service's acceptance-length gate on, or pick 0.30.0 or later",
+                "acceptance to 1.0 under CUDA graphs with FA3 ahead-of-time scheduling; service_swap's "
+                "acceptance-length gate (its floor is always above 1.0) catches that and restores "
+                "SGLang, or pick 0.30.0 or later",
             )
         )
 
@@ -518,6 +527,10 @@ def refusals(findings: list[Finding]) -> list[Finding]:
 
 def warnings(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.level == LEVEL_WARN]
+
+
+def notes(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.level == LEVEL_NOTE]
 
 
 # ---------------------------------------------------------------------------------------------

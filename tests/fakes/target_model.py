@@ -13,6 +13,7 @@ Usage: target_model.py DEST_DIR   (standard library only; idempotent: same bytes
 from __future__ import annotations
 
 import json
+import math
 import struct
 import sys
 from pathlib import Path
@@ -169,7 +170,8 @@ def write(dest: Path) -> None:
     for shard, tensors in SHARDS.items():
         data = safetensors_bytes(tensors)
         (dest / shard).write_bytes(data)
-        total += len(data)
+        # total_size counts the tensors' bytes (as transformers writes it), not the files'
+        total += sum(2 * math.prod(shape) for shape in tensors.values())
         weight_map.update(dict.fromkeys(tensors, shard))
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")

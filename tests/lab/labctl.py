@@ -1,9 +1,18 @@
 #!/usr/bin/env python3
 """The lab: LXC system containers with systemd that stand in for Proxmox GPU containers.
 
-    labctl.py up   --lab NAME --nodes N [--fixtures h200-x1,h200-x2] --inventory-dir DIR
-    labctl.py down --lab NAME
+    labctl.py up   [--lab NAME] --nodes N [--fixtures h200-x1,h200-x2] --inventory-dir DIR [--replay-measured]
+    labctl.py down [--lab NAME]
     labctl.py list
+
+A lab's name (by default "lab-" and a short hash of this clone's path, so two clones on one machine
+each have their own containers, bridge, subnet and keys) prefixes everything it makes; `down`
+removes that lab's things only.
+
+--replay-measured: the stand-in vLLM on every node serves each speculative method at the figures
+of record (a trained pair's measured acceptance, the measured step cost at Qwen3.6-27B's shapes),
+combined by ddtree/trained/decision.py --replay at every `up`, and the inventory tunes the chain
+against every DDTree budget those figures measured (what `make lab` shows).
 
 Each node is a real Debian 12 system container (systemd as PID 1, sshd, key-only SSH for a
 non-root `admin` with sudo) in its own network namespace on a bridge the lab makes. It is laid
@@ -78,6 +87,20 @@ def run(*cmd: str, check: bool = True, capture: bool = False, **kw) -> subproces
 
 def say(msg: str) -> None:
     print(f"lab: {msg}", flush=True)
+
+
+def default_lab_name() -> str:
+    """This clone's lab: 'lab-' and six hex digits of the clone's path."""
+    return "lab-" + hashlib.sha1(str(REPO).encode()).hexdigest()[:6]
+
+
+# The results of record the lab replays (see --replay-measured): read at every `up`, never copied.
+MEASURED_ACCEPTANCE = REPO / "ddtree" / "results" / "trained_hybrid_h100.json"
+MEASURED_NODE_FILE = "etc/lab-fakes/measured-figures.json"
+# The swap's acceptance floor while the lab replays the trained pair: its drafter is a small one
+# trained in minutes, whose chain accepts far fewer tokens than Qwen3.6-27B-DFlash (the production
+# floor, 2.0); a broken drafter (the low_acceptance knob, about 1.06) still fails it.
+REPLAY_ACCEPTANCE_FLOOR = 1.2
 
 
 def bridge_name(lab: str) -> str:
@@ -440,10 +463,51 @@ def host_key_line(node: Node) -> str:
     return f"{node.address} {pub[0]} {pub[1]}\n"
 
 
+# ---------------------------------------------------------------- measured figures
+
+
+def measured_figures(lab: Lab) -> dict:
+    """The per-method figures the stand-in vLLM replays, built by ddtree/trained/decision.py now."""
+    out = lab.dir / "measured-figures.json"
+    run(
+        sys.executable,
+        "-m",
+        "ddtree.trained.decision",
+        str(MEASURED_ACCEPTANCE),
+        "--replay",
+        str(out),
+        capture=True,
+        cwd=REPO,
+    )
+    return json.loads(out.read_text())
+
+
+def replay_candidates(figures: dict) -> list[dict]:
+    """roles/tune's candidates: the chain, then every DDTree budget with a measured length."""
+    budgets = []
+    for method, cells in figures["methods"].items():
+        measured = any(c.get("mean_acceptance_length") for kind in cells.values() for c in kind.values())
+        if method.startswith("ddtree") and measured:
+            budgets.append(int(method[len("ddtree") :]))
+    return [{"method": "dflash"}] + [{"method": "ddtree", "budget": b} for b in sorted(budgets)]
+
+
+def install_figures(lab: Lab, figures: dict) -> list[str]:
+    """Write the figures onto every node; returns the nodes whose figures changed (to be tuned again)."""
+    text = json.dumps(figures, indent=2, sort_keys=True) + "\n"
+    changed = []
+    for node in lab.nodes:
+        path = LXC_PATH / node.name / "rootfs" / MEASURED_NODE_FILE
+        if not path.exists() or path.read_text() != text:
+            write(path, text)
+            changed.append(node.name)
+    return changed
+
+
 # ---------------------------------------------------------------- inventory
 
 
-def write_inventory(lab: Lab, inv_dir: Path) -> None:
+def write_inventory(lab: Lab, inv_dir: Path, figures: dict | None = None, retune: list[str] | None = None) -> None:
     inv_dir.mkdir(parents=True, exist_ok=True)
     lines = [
         f"# Made by tests/lab/labctl.py for lab {lab.name}; rewritten by every 'up'.",
@@ -462,6 +526,8 @@ def write_inventory(lab: Lab, inv_dir: Path) -> None:
             f"          gpu_check_gpu_count: {fixture_gpu_count(n.fixture)}",
             f"          service_swap_tensor_parallel_size: {fixture_gpu_count(n.fixture)}",
         ]
+        if n.name in (retune or []):
+            lines.append("          tune_force: true  # the measured figures changed since this node was tuned")
     lines += [
         "      vars:",
         f"        ansible_user: {ADMIN}",
@@ -471,6 +537,14 @@ def write_inventory(lab: Lab, inv_dir: Path) -> None:
         f"        lab_name: {lab.name}",
         f"        lab_drafter_file: {lab.drafter}",
     ]
+    if figures is not None:
+        src = figures.get("source", {})
+        lines += [
+            f"        # The stand-in vLLM replays {src.get('acceptance')} x {', '.join(src.get('step_costs', []))}",
+            "        # (ddtree/trained/decision.py --replay): tune the chain against every budget measured there.",
+            f"        tune_candidates: {json.dumps(replay_candidates(figures))}",
+            f"        service_swap_min_acceptance_length: {REPLAY_ACCEPTANCE_FLOOR}",
+        ]
     tmp = inv_dir / ".hosts.yml.tmp"
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(inv_dir / "hosts.yml")
@@ -483,7 +557,7 @@ def write_inventory(lab: Lab, inv_dir: Path) -> None:
 # ---------------------------------------------------------------- commands
 
 
-def up(name: str, count: int, fixtures: list[str], inv_dir: Path) -> None:
+def up(name: str, count: int, fixtures: list[str], inv_dir: Path, replay: bool = False) -> None:
     validate_name(name)
     if count < 1 or count > 32:
         raise LabError(f"--nodes must be between 1 and 32, not {count}")
@@ -528,9 +602,13 @@ def up(name: str, count: int, fixtures: list[str], inv_dir: Path) -> None:
         if container_state(node.name) != "RUNNING":
             run("lxc-start", "-n", node.name, "-d", capture=True)
     lab.known_hosts.write_text("".join(host_key_line(n) for n in lab.nodes))
+    figures, retune = None, []
+    if replay:
+        figures = measured_figures(lab)
+        retune = install_figures(lab, figures)
     for node in lab.nodes:
         wait_ready(lab, node)
-    write_inventory(lab, inv_dir)
+    write_inventory(lab, inv_dir, figures, retune)
     say(f"{count} node(s) up on {lab.bridge} ({lab.subnet}); inventory in {inv_dir / 'hosts.yml'}")
 
 
@@ -547,7 +625,7 @@ def down(name: str) -> None:
         run("ip", "link", "delete", lab.bridge)
     shutil.rmtree(lab.dir)
     hosts = REPO / "inventory" / "lab" / "hosts.yml"
-    if name == "lab" and hosts.exists():
+    if hosts.exists() and f"for lab {name};" in hosts.read_text().splitlines()[0]:
         hosts.unlink()
     say(f"removed lab {name}: {len(lab.nodes)} container(s), bridge {lab.bridge}, keys")
 
@@ -562,17 +640,18 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     u = sub.add_parser("up", help="create or repair a lab and write its inventory")
-    u.add_argument("--lab", default="lab")
+    u.add_argument("--lab", default=default_lab_name(), help="default: this clone's, %(default)s")
     u.add_argument("--nodes", type=int, default=2)
     u.add_argument("--fixtures", default="h200-x1,h200-x2", help="nvidia-smi fixture per node, cycled")
     u.add_argument("--inventory-dir", type=Path, default=REPO / "inventory" / "lab")
+    u.add_argument("--replay-measured", action="store_true", help="the stand-in vLLM replays the figures of record")
     d = sub.add_parser("down", help="remove every container, bridge and key of a lab")
-    d.add_argument("--lab", default="lab")
+    d.add_argument("--lab", default=default_lab_name(), help="default: this clone's, %(default)s")
     sub.add_parser("list", help="show the labs on this machine")
     a = p.parse_args(argv)
     try:
         if a.cmd == "up":
-            up(a.lab, a.nodes, [f for f in a.fixtures.split(",") if f], a.inventory_dir)
+            up(a.lab, a.nodes, [f for f in a.fixtures.split(",") if f], a.inventory_dir, a.replay_measured)
         elif a.cmd == "down":
             down(a.lab)
         else:
