@@ -9,10 +9,11 @@ Usage: drafter_model.py DEST_FILE
 
 from __future__ import annotations
 
+import json
+import struct
 import sys
 
 import numpy as np
-from safetensors.numpy import save_file
 
 H, HEADS, KV, HD, INTER = 5120, 2, 1, 64, 64
 
@@ -43,6 +44,24 @@ def main() -> None:
         name: rng.standard_normal(shape, dtype=np.float32).astype(np.float16) for name, shape in shapes().items()
     }
     save_file(tensors, sys.argv[1], metadata={"format": "pt"})
+
+
+def save_file(tensors: dict[str, np.ndarray], path: str, metadata: dict[str, str]) -> None:
+    """The safetensors layout as safetensors.numpy.save_file writes it (8-byte header length, JSON
+    header padded with spaces to 8 bytes, tensors in name order), with numpy only: `make lab`
+    installs the controller's requirements.txt, which has numpy but not safetensors."""
+    header: dict = {"__metadata__": metadata}
+    offset = 0
+    for name in sorted(tensors):
+        size = tensors[name].nbytes
+        header[name] = {"dtype": "F16", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(raw)) + raw)
+        for name in sorted(tensors):
+            fh.write(np.ascontiguousarray(tensors[name]).astype("<f2").tobytes())
 
 
 if __name__ == "__main__":
