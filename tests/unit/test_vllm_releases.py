@@ -11,11 +11,11 @@ from ansible.module_utils.vllm_releases import (
     evaluate,
     find_release,
     metadata_torch_pin,
+    notes,
     parse_version,
     patch_fixes_for,
     refusals,
     requirements_for,
-    notes,
     warnings,
 )
 
