@@ -526,6 +526,12 @@ def write_inventory(lab: Lab, inv_dir: Path, figures: dict | None = None, retune
             f"          gpu_check_gpu_count: {fixture_gpu_count(n.fixture)}",
             f"          service_swap_tensor_parallel_size: {fixture_gpu_count(n.fixture)}",
         ]
+        if figures is not None:
+            # Host variables: the group_vars/all of the Molecule scenarios' settings would win over group ones.
+            lines += [
+                f"          tune_candidates: {json.dumps(replay_candidates(figures))}",
+                f"          service_swap_min_acceptance_length: {REPLAY_ACCEPTANCE_FLOOR}",
+            ]
         if n.name in (retune or []):
             lines.append("          tune_force: true  # the measured figures changed since this node was tuned")
     lines += [
@@ -541,9 +547,8 @@ def write_inventory(lab: Lab, inv_dir: Path, figures: dict | None = None, retune
         src = figures.get("source", {})
         lines += [
             f"        # The stand-in vLLM replays {src.get('acceptance')} x {', '.join(src.get('step_costs', []))}",
-            "        # (ddtree/trained/decision.py --replay): tune the chain against every budget measured there.",
-            f"        tune_candidates: {json.dumps(replay_candidates(figures))}",
-            f"        service_swap_min_acceptance_length: {REPLAY_ACCEPTANCE_FLOOR}",
+            "        # (ddtree/trained/decision.py --replay): each node tunes the chain against every budget",
+            "        # measured there (tune_candidates), at the trained pair's acceptance floor.",
         ]
     tmp = inv_dir / ".hosts.yml.tmp"
     tmp.write_text("\n".join(lines) + "\n")

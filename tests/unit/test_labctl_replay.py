@@ -61,10 +61,11 @@ def test_the_inventory_tunes_the_measured_candidates_and_retunes_changed_nodes(t
     labctl.write_inventory(lab, tmp_path / "inv", figs, ["lab-abc123-2"])
     inv = yaml.safe_load((tmp_path / "inv" / "hosts.yml").read_text())
     group = inv["all"]["children"]["gpu_nodes"]
-    assert group["vars"]["tune_candidates"] == labctl.replay_candidates(figs)
-    assert group["vars"]["service_swap_min_acceptance_length"] == 1.2
+    for host in group["hosts"].values():  # host variables: inventory/lab/group_vars/all would win over group ones
+        assert host["tune_candidates"] == labctl.replay_candidates(figs)
+        assert host["service_swap_min_acceptance_length"] == 1.2
     assert "tune_force" not in group["hosts"]["lab-abc123-1"]
     assert group["hosts"]["lab-abc123-2"]["tune_force"] is True
     labctl.write_inventory(lab, tmp_path / "plain")  # without --replay-measured: the group_vars' settings
     plain = yaml.safe_load((tmp_path / "plain" / "hosts.yml").read_text())["all"]["children"]["gpu_nodes"]
-    assert "tune_candidates" not in plain["vars"]
+    assert "tune_candidates" not in plain["hosts"]["lab-abc123-1"]
