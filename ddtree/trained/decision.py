@@ -101,7 +101,10 @@ def replay(summary: dict, costs: dict) -> dict:
                     "ms_per_step": ms[0] if ms else None,
                 }
         methods[method] = cells
-    return {"methods": methods}
+    # How long the measured completions were: the stand-in's figures hold for requests this long.
+    max_tokens = {a.get("max_tokens") for phases in summary["acceptance"].values() for a in phases.values()}
+    max_tokens.discard(None)
+    return {"methods": methods, "max_tokens": max(max_tokens) if max_tokens else None}
 
 
 def markdown(rows: list[dict]) -> str:

@@ -101,6 +101,9 @@ MEASURED_NODE_FILE = "etc/lab-fakes/measured-figures.json"
 # trained in minutes, whose chain accepts far fewer tokens than Qwen3.6-27B-DFlash (the production
 # floor, 2.0); a broken drafter (the low_acceptance knob, about 1.06) still fails it.
 REPLAY_ACCEPTANCE_FLOOR = 1.2
+# The largest batch the figures measured: the lab's vLLM admits no more requests at once (and so a
+# DDTree budget's tree state always fits the fake H200s beside the weights).
+REPLAY_MAX_NUM_SEQS = 8
 
 
 def bridge_name(lab: str) -> str:
@@ -531,6 +534,9 @@ def write_inventory(lab: Lab, inv_dir: Path, figures: dict | None = None, retune
             lines += [
                 f"          tune_candidates: {json.dumps(replay_candidates(figures))}",
                 f"          service_swap_min_acceptance_length: {REPLAY_ACCEPTANCE_FLOOR}",
+                # The figures were measured on batches of up to 8 requests, each this many tokens long.
+                f"          service_swap_max_num_seqs: {REPLAY_MAX_NUM_SEQS}",
+                f"          tune_max_tokens: {int(figures.get('max_tokens') or 128)}",
             ]
         if n.name in (retune or []):
             lines.append("          tune_force: true  # the measured figures changed since this node was tuned")

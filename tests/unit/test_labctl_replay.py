@@ -64,6 +64,8 @@ def test_the_inventory_tunes_the_measured_candidates_and_retunes_changed_nodes(t
     for host in group["hosts"].values():  # host variables: inventory/lab/group_vars/all would win over group ones
         assert host["tune_candidates"] == labctl.replay_candidates(figs)
         assert host["service_swap_min_acceptance_length"] == 1.2
+        assert host["service_swap_max_num_seqs"] == 8
+        assert host["tune_max_tokens"] == figs["max_tokens"]  # as long as the measured completions
     assert "tune_force" not in group["hosts"]["lab-abc123-1"]
     assert group["hosts"]["lab-abc123-2"]["tune_force"] is True
     labctl.write_inventory(lab, tmp_path / "plain")  # without --replay-measured: the group_vars' settings
