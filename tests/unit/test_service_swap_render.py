@@ -130,6 +130,7 @@ def test_the_unit_runs_vllm_without_capabilities_or_kernel_access(dirs):
     service = text[text.index("[Service]") : text.index("[Install]")].splitlines()
     for line in [
         "User=vllm",
+        "Group=vllm",
         "NoNewPrivileges=true",
         "ProtectSystem=strict",
         "ProtectHome=true",
@@ -223,6 +224,15 @@ def test_a_tuning_without_a_winner_leaves_ddtree_patchs_method_and_the_shared_bu
         ' --speculative-config \'{"method":"ddtree","model":"/opt/models/drafter","num_speculative_tokens":15,'
         '"ddtree_budget":24}\' \\'
     )
+
+
+def test_the_unit_runs_as_the_service_account_s_own_group(dirs):
+    """Group= is shared_settings_service_group, the account's primary group (vllm_account creates it
+    so), not a group named after the user (issue 44)."""
+    render(dirs, "dense", "-e", "shared_settings_service_user=llm", "-e", "shared_settings_service_group=gpu-serve")
+    text = (dirs["tmp"] / "vllm.service").read_text()
+    service = text[text.index("[Service]") : text.index("[Install]")].splitlines()
+    assert [ln for ln in service if ln.startswith(("User=", "Group="))] == ["User=llm", "Group=gpu-serve"]
 
 
 def test_a_candidate_s_method_and_budget_come_before_the_recorded_winner(dirs):
