@@ -61,6 +61,8 @@ TASK_ROLES = sorted(p.parts[-3] for p in ROLES.glob("*/tasks/main.yml") if p.par
 
 def phase_includes(role: str) -> list[dict]:
     tasks = yaml.safe_load((ROLES / role / "tasks/main.yml").read_text())
+    # A role may wrap its phases in one block whose rescue records how it ended (service_swap_result).
+    tasks = [t for task in tasks for t in task.get("block", [task])]
     return [t for t in tasks if {"ansible.builtin.import_tasks", "ansible.builtin.include_tasks"} & set(t)]
 
 

@@ -248,7 +248,7 @@ def test_a_candidate_s_method_and_budget_come_before_the_recorded_winner(dirs):
         "      vars:\n"
         f"        service_swap_render_dest: {dest}\n"
         "        service_swap_spec_method: ddtree\n"
-        "        _service_swap_ddtree_budget: 48\n"
+        "        service_swap_spec_budget: 48\n"
     )
     res = ansible(
         dirs["tmp"],
