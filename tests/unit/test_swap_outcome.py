@@ -15,10 +15,16 @@ LOW = "mean acceptance length 1.2 over 3 requests is under the floor service_swa
     [
         ({"failed": True, "msg": "  vLLM did not become healthy  "}, "vLLM did not become healthy"),
         (
-            {"msg": "One or more items failed", "results": [{"failed": True, "msg": "a"}, {"failed": False}, {"failed": True, "msg": "b"}]},
+            {
+                "msg": "One or more items failed",
+                "results": [{"failed": True, "msg": "a"}, {"failed": False}, {"failed": True, "msg": "b"}],
+            },
             "a\nb",
         ),
-        ({"msg": "", "stdout": "active\nactivating", "stderr": "x"}, "it gave up waiting; last output: active activating x"),
+        (
+            {"msg": "", "stdout": "active\nactivating", "stderr": "x"},
+            "it gave up waiting; last output: active activating x",
+        ),
         ({}, "failed"),
         (None, "failed"),
     ],
@@ -35,13 +41,19 @@ def test_a_rolled_back_candidate_gives_the_task_and_the_reason_not_the_paragraph
 
 
 def test_a_refused_candidate_gives_the_refusal_alone() -> None:
-    swap = {"status": "refused", "failed_task": "Check the tree state fits", "reason": "a DDTree request keeps 65 slots"}
+    swap = {
+        "status": "refused",
+        "failed_task": "Check the tree state fits",
+        "reason": "a DDTree request keeps 65 slots",
+    }
     assert tune_candidate_reason(swap, {"msg": "a DDTree request keeps 65 slots"}) == "a DDTree request keeps 65 slots"
 
 
 @pytest.mark.parametrize("swap", [{"status": "ok", "serving": "vllm"}, {}, None, {"status": "rolled_back"}])
 def test_a_swap_that_passed_leaves_the_failed_step_s_own_message(swap) -> None:
-    assert tune_candidate_reason(swap, {"msg": "openai_bench: connection refused"}) == "openai_bench: connection refused"
+    assert (
+        tune_candidate_reason(swap, {"msg": "openai_bench: connection refused"}) == "openai_bench: connection refused"
+    )
 
 
 def test_a_long_reason_is_one_line_cut_at_a_word() -> None:
