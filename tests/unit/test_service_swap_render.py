@@ -339,6 +339,10 @@ def test_preflight_refuses_an_api_key_unfit_for_an_environment_file(dirs):
             "service_swap_extra_args[0] holds a newline",
         ),
         (
+            '{"shared_settings_service_group": "vllm\\nExecStartPre=/bin/true"}',
+            "shared_settings_service_group holds a newline",
+        ),
+        (
             '{"service_swap_extra_env": {"A": "1\\nExecStartPre=/bin/true"}}',
             "service_swap_extra_env['A'] holds a newline",
         ),
