@@ -322,6 +322,34 @@ def tune_order_results(results: Sequence[Mapping[str, Any]], candidates: Sequenc
     )
 
 
+def tune_plan_message(what: Mapping[str, Any]) -> str:
+    """What tuning does on this node, in one sentence (roles/tune/tasks/service.yml).
+
+    ``what``: measure (bool), check_mode, force, tuned_before (a record with an inputs digest
+    exists), plan (tune_plan's), concurrency, pick_concurrency, ddtree_unavailable, digest, choice
+    (the recorded choice; read only when not measuring).
+    """
+    if not what.get("measure"):
+        choice = what.get("choice") or {}
+        return (
+            f"Already tuned with these inputs (digest {str(what.get('digest', ''))[:12]}): serves {choice.get('winner')}, "
+            f"{choice.get('reason')}. -e tune_force=true measures again."
+        )
+    why = (
+        "tune_force"
+        if what.get("force")
+        else ("inputs changed since the last tuning" if what.get("tuned_before") else "never tuned")
+    )
+    names = ", ".join(tune_candidate_name(c) for c in (what.get("plan") or {}).get("measure", []))
+    levels = ", ".join(str(c) for c in what.get("concurrency") or [])
+    text = (
+        f"{'Would measure' if what.get('check_mode') else 'Measuring'} {names} at concurrency {levels} ({why}), "
+        f"each restarted behind the swap's gates, then serve the fastest at concurrency {what.get('pick_concurrency')}."
+    )
+    unavailable = what.get("ddtree_unavailable") or ""
+    return f"{text} DDTree budgets not measured: {unavailable}." if unavailable else text
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -332,6 +360,7 @@ class FilterModule:
             "tune_read_prompts": tune_read_prompts,
             "tune_ddtree_unavailable": tune_ddtree_unavailable,
             "tune_plan": tune_plan,
+            "tune_plan_message": tune_plan_message,
             "tune_swap_serving": tune_swap_serving,
             "tune_order_results": tune_order_results,
             "tune_read_record": tune_read_record,

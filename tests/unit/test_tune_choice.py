@@ -11,6 +11,7 @@ from tune_choice import (
     tune_inputs_digest,
     tune_order_results,
     tune_plan,
+    tune_plan_message,
     tune_read_prompts,
     tune_read_record,
     tune_swap_serving,
@@ -342,3 +343,44 @@ def test_the_record_may_come_parsed() -> None:
     assert tune_read_record(good) == good
     for bad in (None, [], 3, {"inputs_digest": 1, "results": []}, {"inputs_digest": "ab", "results": [1]}):
         assert tune_read_record(bad) == {}
+
+
+PLAN = {"measure": [{"method": "dflash"}, {"method": "ddtree", "budget": 32}], "skipped": []}
+
+
+def test_the_plan_message_says_what_is_measured_and_why() -> None:
+    what = {
+        "measure": True,
+        "check_mode": False,
+        "force": False,
+        "tuned_before": True,
+        "plan": PLAN,
+        "concurrency": [1, 2, 4],
+        "pick_concurrency": 1,
+        "ddtree_unavailable": "",
+        "digest": "ab" * 32,
+        "choice": None,
+    }
+    assert tune_plan_message(what) == (
+        "Measuring dflash, ddtree-32 at concurrency 1, 2, 4 (inputs changed since the last tuning), each restarted"
+        " behind the swap's gates, then serve the fastest at concurrency 1."
+    )
+    what.update(check_mode=True, force=True, plan={"measure": [{"method": "dflash"}]}, ddtree_unavailable=NO_TREE)
+    assert tune_plan_message(what) == (
+        "Would measure dflash at concurrency 1, 2, 4 (tune_force), each restarted behind the swap's gates, then serve"
+        f" the fastest at concurrency 1. DDTree budgets not measured: {NO_TREE}."
+    )
+    what.update(force=False, tuned_before=False)
+    assert "(never tuned)" in tune_plan_message(what)
+
+
+def test_the_plan_message_of_a_node_already_tuned() -> None:
+    what = {
+        "measure": False,
+        "digest": "0123456789abcdef",
+        "choice": {"winner": "ddtree-32", "reason": "x1.2 the chain"},
+    }
+    assert tune_plan_message(what) == (
+        "Already tuned with these inputs (digest 0123456789ab): serves ddtree-32, x1.2 the chain."
+        " -e tune_force=true measures again."
+    )
