@@ -1,0 +1,58 @@
+"""service_swap's checks in words: what is missing, which device nodes the service user cannot
+open, why the acceptance gate failed. Each sentence tells the operator what is wrong and what to
+do; the role's tasks only say which check they make (tests/unit/test_swap_gates.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def service_swap_missing_paths(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Of a stat loop over ``{path, what, executable}`` items, each path not in place, with what it is
+    and what to do: absent, or (where ``executable``) not executable."""
+    missing = []
+    for result in results:
+        item = result.get("item") or {}
+        stat = result.get("stat") or {}
+        present = bool(stat.get("exists")) and (bool(stat.get("executable")) or not item.get("executable"))
+        if not present:
+            missing.append(f"{item.get('path')} ({item.get('what')})")
+    return missing
+
+
+def service_swap_device_problem(found: Sequence[Any], blocked: Sequence[str], host: str, user: str) -> str:
+    """Why the service user cannot reach the GPUs: no /dev/nvidia* nodes at all, or root-group nodes
+    closed to others ('' when neither)."""
+    if not found:
+        return f"No /dev/nvidia* device nodes on {host}: the GPUs are not passed into the container (run gpu_check)."
+    if blocked:
+        return (
+            f"GPU device nodes {', '.join(blocked)} are root-group and not world read-write, so the {user} user cannot"
+            " open them: give them a dedicated group (e.g. a udev rule or the container mount) or mode 0666."
+        )
+    return ""
+
+
+def service_swap_acceptance_problem(probe: Mapping[str, Any], floor: Any, requests: Any) -> str:
+    """Why gate 3 failed: no drafts on /metrics (speculative decoding is not running), or a mean
+    acceptance length under the floor with the counts it came from."""
+    mean = probe.get("mean_acceptance_length")
+    if mean is None:
+        return "vLLM reports no spec-decode drafts on /metrics: speculative decoding is not running"
+    spec = probe.get("spec_decode") or {}
+    return (
+        f"mean acceptance length {mean} over {requests} requests is under the floor service_swap_min_acceptance_length"
+        f" {floor} (1 + {spec.get('accepted_tokens')} accepted / {spec.get('drafts')} drafts): the drafter runs but its"
+        " drafts are rejected (wrong drafter config, target_layer_ids, or an unpatched vLLM layer offset)"
+    )
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {
+            "service_swap_missing_paths": service_swap_missing_paths,
+            "service_swap_device_problem": service_swap_device_problem,
+            "service_swap_acceptance_problem": service_swap_acceptance_problem,
+        }

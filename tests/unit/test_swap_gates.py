@@ -1,0 +1,48 @@
+"""service_swap's checks in words (plugins/filter/swap_gates.py), expectations written out."""
+
+from __future__ import annotations
+
+from swap_gates import service_swap_acceptance_problem, service_swap_device_problem, service_swap_missing_paths
+
+EXE = {"path": "/opt/vllm/0.20.1/bin/vllm", "executable": True, "what": "vllm executable: run vllm_install"}
+TARGET = {"path": "/opt/models/t/config.json", "what": "target model: set shared_settings_target_dir"}
+
+
+def test_missing_paths_name_what_each_is_and_an_executable_must_execute() -> None:
+    results = [
+        {"item": EXE, "stat": {"exists": True, "executable": False}},
+        {"item": TARGET, "stat": {"exists": False}},
+    ]
+    assert service_swap_missing_paths(results) == [
+        "/opt/vllm/0.20.1/bin/vllm (vllm executable: run vllm_install)",
+        "/opt/models/t/config.json (target model: set shared_settings_target_dir)",
+    ]
+    results = [
+        {"item": EXE, "stat": {"exists": True, "executable": True}},
+        {"item": TARGET, "stat": {"exists": True, "executable": False}},
+    ]
+    assert service_swap_missing_paths(results) == []
+
+
+def test_device_problems() -> None:
+    assert service_swap_device_problem([], [], "n1", "vllm") == (
+        "No /dev/nvidia* device nodes on n1: the GPUs are not passed into the container (run gpu_check)."
+    )
+    assert service_swap_device_problem([{"path": "/dev/nvidia0"}], ["/dev/nvidia0", "/dev/nvidiactl"], "n1", "llm") == (
+        "GPU device nodes /dev/nvidia0, /dev/nvidiactl are root-group and not world read-write, so the llm user cannot"
+        " open them: give them a dedicated group (e.g. a udev rule or the container mount) or mode 0666."
+    )
+    assert service_swap_device_problem([{"path": "/dev/nvidia0"}], [], "n1", "vllm") == ""
+
+
+def test_acceptance_gate_says_why() -> None:
+    low = {"mean_acceptance_length": 1.25, "spec_decode": {"present": True, "accepted_tokens": 12, "drafts": 48}}
+    assert service_swap_acceptance_problem(low, 2.0, 3) == (
+        "mean acceptance length 1.25 over 3 requests is under the floor service_swap_min_acceptance_length 2.0"
+        " (1 + 12 accepted / 48 drafts): the drafter runs but its drafts are rejected (wrong drafter config,"
+        " target_layer_ids, or an unpatched vLLM layer offset)"
+    )
+    none = {"mean_acceptance_length": None, "spec_decode": {"present": False}}
+    assert service_swap_acceptance_problem(none, 2.0, 3) == (
+        "vLLM reports no spec-decode drafts on /metrics: speculative decoding is not running"
+    )
