@@ -49,10 +49,29 @@ def service_swap_acceptance_problem(probe: Mapping[str, Any], floor: Any, reques
     )
 
 
+def service_swap_gpus_busy_problem(facts: Mapping[str, Any], max_used_mib: Any, timeout_s: Any) -> str:
+    """Why the GPUs did not count as free after SGLang stopped (nvidia_gpu_facts' result): MiB used
+    per GPU, what holds them, what to do; or why the GPUs could not be read at all."""
+    gpus = facts.get("gpus") or []
+    if not ((facts.get("nvidia_smi") or {}).get("ok") and gpus):
+        problems = facts.get("problems") or [facts.get("msg") or "nvidia_gpu_facts failed"]
+        return "Cannot read the GPUs to see whether they are free: " + " ".join(str(p) for p in problems)
+    holders = facts.get("holders") or {}
+    used = ", ".join(f"{g.get('index')}: {g.get('memory_used_mib')}" for g in gpus)
+    apps = ", ".join(str(a.get("process_name")) for a in holders.get("compute_apps") or []) or "none listed"
+    local = ", ".join(str(h["unit"]) for h in holders.get("local") or [] if h.get("unit")) or "none"
+    return (
+        f"The GPUs were not free {timeout_s}s after SGLang stopped: MiB used per GPU {used} (must be under"
+        f" {max_used_mib}); compute apps: {apps}; local holders: {local}. Stop what holds them (nvidia-smi,"
+        " fuser -v /dev/nvidia*) and re-run."
+    )
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "service_swap_missing_paths": service_swap_missing_paths,
             "service_swap_device_problem": service_swap_device_problem,
             "service_swap_acceptance_problem": service_swap_acceptance_problem,
+            "service_swap_gpus_busy_problem": service_swap_gpus_busy_problem,
         }

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from swap_gates import service_swap_acceptance_problem, service_swap_device_problem, service_swap_missing_paths
+from swap_gates import (
+    service_swap_acceptance_problem,
+    service_swap_device_problem,
+    service_swap_gpus_busy_problem,
+    service_swap_missing_paths,
+)
 
 EXE = {"path": "/opt/vllm/0.20.1/bin/vllm", "executable": True, "what": "vllm executable: run vllm_install"}
 TARGET = {"path": "/opt/models/t/config.json", "what": "target model: set shared_settings_target_dir"}
@@ -45,4 +50,29 @@ def test_acceptance_gate_says_why() -> None:
     none = {"mean_acceptance_length": None, "spec_decode": {"present": False}}
     assert service_swap_acceptance_problem(none, 2.0, 3) == (
         "vLLM reports no spec-decode drafts on /metrics: speculative decoding is not running"
+    )
+
+
+def test_busy_gpus_say_what_holds_them() -> None:
+    facts = {
+        "nvidia_smi": {"ok": True},
+        "gpus": [{"index": 0, "memory_used_mib": 70000}, {"index": 1, "memory_used_mib": 3}],
+        "holders": {"compute_apps": [{"process_name": "python3"}], "local": [{"unit": "sglang.service"}, {"pid": 7}]},
+    }
+    assert service_swap_gpus_busy_problem(facts, 1024, 300) == (
+        "The GPUs were not free 300s after SGLang stopped: MiB used per GPU 0: 70000, 1: 3 (must be under 1024);"
+        " compute apps: python3; local holders: sglang.service. Stop what holds them (nvidia-smi, fuser -v"
+        " /dev/nvidia*) and re-run."
+    )
+    facts["holders"] = {}
+    assert "compute apps: none listed; local holders: none." in service_swap_gpus_busy_problem(facts, 1024, 300)
+
+
+def test_unreadable_gpus_say_why() -> None:
+    facts = {"nvidia_smi": {"ok": False}, "problems": ["Driver/library version mismatch", "NVML 580.95"]}
+    assert service_swap_gpus_busy_problem(facts, 1024, 300) == (
+        "Cannot read the GPUs to see whether they are free: Driver/library version mismatch NVML 580.95"
+    )
+    assert service_swap_gpus_busy_problem({"msg": "no nvidia-smi"}, 1024, 300) == (
+        "Cannot read the GPUs to see whether they are free: no nvidia-smi"
     )
