@@ -67,11 +67,31 @@ def service_swap_gpus_busy_problem(facts: Mapping[str, Any], max_used_mib: Any, 
     )
 
 
+def service_swap_draft_slots_problem(
+    max_num_seqs: Any, verify_tokens: Any, max_num_batched_tokens: Any, method: str
+) -> str:
+    """Why vLLM 0.20.1 would refuse the scheduler limits ('' when it would not): it reserves
+    (verified tokens - 1) batched-token slots per sequence for drafting, and their sum over
+    max_num_seqs must stay below max_num_batched_tokens."""
+    seqs, per_seq, tokens = int(max_num_seqs), int(verify_tokens) - 1, int(max_num_batched_tokens)
+    slots = seqs * per_seq
+    if tokens > slots:
+        return ""
+    return (
+        'vLLM would refuse to start ("max_num_scheduled_tokens ... does not allow any tokens to be scheduled"): it'
+        f" reserves {per_seq} batched-token slots per sequence for {method} drafting, so service_swap_max_num_seqs"
+        f" ({seqs}) x {per_seq} = {slots} must stay below service_swap_max_num_batched_tokens ({tokens}). Raise"
+        f" service_swap_max_num_batched_tokens above {slots}, or lower service_swap_max_num_seqs,"
+        " num_speculative_tokens or the DDTree budget."
+    )
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "service_swap_missing_paths": service_swap_missing_paths,
             "service_swap_device_problem": service_swap_device_problem,
+            "service_swap_draft_slots_problem": service_swap_draft_slots_problem,
             "service_swap_acceptance_problem": service_swap_acceptance_problem,
             "service_swap_gpus_busy_problem": service_swap_gpus_busy_problem,
         }

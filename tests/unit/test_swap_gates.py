@@ -5,6 +5,7 @@ from __future__ import annotations
 from swap_gates import (
     service_swap_acceptance_problem,
     service_swap_device_problem,
+    service_swap_draft_slots_problem,
     service_swap_gpus_busy_problem,
     service_swap_missing_paths,
 )
@@ -76,3 +77,15 @@ def test_unreadable_gpus_say_why() -> None:
     assert service_swap_gpus_busy_problem({"msg": "no nvidia-smi"}, 1024, 300) == (
         "Cannot read the GPUs to see whether they are free: no nvidia-smi"
     )
+
+
+def test_draft_slots_vllm_would_refuse() -> None:
+    # vLLM 0.20.1's serve defaults on a 70 GB GPU with a 15-token chain: 1024 x 14 > 8192.
+    assert service_swap_draft_slots_problem(1024, 15, 8192, "dflash") == (
+        'vLLM would refuse to start ("max_num_scheduled_tokens ... does not allow any tokens to be scheduled"): it'
+        " reserves 14 batched-token slots per sequence for dflash drafting, so service_swap_max_num_seqs (1024) x 14"
+        " = 14336 must stay below service_swap_max_num_batched_tokens (8192). Raise service_swap_max_num_batched_tokens"
+        " above 14336, or lower service_swap_max_num_seqs, num_speculative_tokens or the DDTree budget."
+    )
+    assert service_swap_draft_slots_problem(32, 15, 16384, "dflash") == ""
+    assert service_swap_draft_slots_problem(32, 513, 16384, "ddtree") != ""  # 32 x 512 = 16384: not below
