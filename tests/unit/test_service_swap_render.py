@@ -517,3 +517,25 @@ def test_render_unit_validates_the_role_s_argument_spec_so_a_number_cannot_injec
     assert res.returncode == 2, res.stdout + res.stderr
     assert message in res.stdout
     assert not dest.exists()
+
+
+def test_a_refusal_is_declared_in_service_swap_result_for_the_caller(dirs):
+    """The main entry point, stopped by its preflight, leaves service_swap_result (status refused,
+    the task, the reason) and fails the host with the same sentence: roles/tune reads the result,
+    never the message (issue 44)."""
+    play = dirs["tmp"] / "caller.yml"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - block:\n"
+        "        - ansible.builtin.include_role: {name: service_swap}\n"
+        "      rescue:\n"
+        "        - ansible.builtin.copy:\n"
+        f"            dest: {dirs['tmp']}/result.json\n"
+        '            content: \'{{ {"result": service_swap_result, "msg": ansible_failed_result.msg} | to_json }}\'\n'
+    )
+    res = ansible(dirs["tmp"], str(play), "-e", "service_swap_max_num_seqs=0")
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = json.loads((dirs["tmp"] / "result.json").read_text())
+    reason = "service_swap_max_num_seqs is 0; it must be at least 1. Fix the inventory; nothing was changed."
+    assert out["result"] == {"status": "refused", "failed_task": "Check the swap's settings", "reason": reason}
+    assert out["msg"] == reason
