@@ -138,3 +138,27 @@ def test_a_looping_output_at_a_batch_the_target_did_not_run_is_a_failure_not_the
     assert v["not_real_text"] == [
         {"phase": "greedy_batch4", "prompt": 4, "why": v["not_real_text"][0]["why"], "departed": True}
     ]
+
+
+def test_a_tree_is_sampled_against_the_target_on_its_own_backend_and_the_backends_against_each_other(tmp_path):
+    def dist(tokens):  # 2,000 samples of one prefix, 1 token each
+        return {"qwen": {"samples": [[[t] for t in tokens]]}}
+
+    even = [i % 4 for i in range(2000)]
+    skewed = [0 if i % 2 else i % 4 for i in range(2000)]
+    runs = {
+        "target_bf16_dist": {"config": proof.run_config("target_bf16_dist"), "distribution": dist(even)},
+        "target_bf16_treeattn_dist": {
+            "config": proof.run_config("target_bf16_treeattn_dist"),
+            "distribution": dist(skewed),
+        },
+        "ddtree32_bf16_dist": {"config": proof.run_config("ddtree32_bf16_dist"), "distribution": dist(skewed)},
+    }
+    for name, r in runs.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(r))
+    d = proof.summarise(str(tmp_path / "no-pair"), str(tmp_path))["distribution"]
+    assert d["ddtree32_bf16_dist"]["against"] == "target_bf16_treeattn_dist"
+    assert d["ddtree32_bf16_dist"]["qwen"]["min_p"] > 0.5  # the same samples: only the tree could differ
+    assert d["target_bf16_treeattn_dist"]["against"] == "target_bf16_dist"
+    assert d["target_bf16_treeattn_dist"]["qwen"]["min_p"] < 1e-6  # the backends' control sees the skew
+    assert "target_bf16_dist" not in d

@@ -578,19 +578,28 @@ def summarise(pair: str, out: str) -> dict:
             )
             for m in reference["prompts"][0]["accepted_per_step"]
         }
+    # The target alone's samples per (dtype, attention backend). A speculative run is compared with the
+    # target on the backend it verifies with where that ran (TREE_ATTN: only the tree differs), else on
+    # FlashAttention; the target on TREE_ATTN against FlashAttention is the control (only rounding differs).
     bases = {
-        r["config"]["dtype"]: r
+        (r["config"]["dtype"], r["config"]["treeattn"]): r
         for r in runs.values()
         if r.get("config", {}).get("method") is None and "distribution" in r
     }
     for name, r in runs.items():
-        base = bases.get(r.get("config", {}).get("dtype"))
-        if "distribution" in r and base is not None and r is not base:
+        cfg = r.get("config", {})
+        if "distribution" not in r or not cfg:
+            continue
+        if cfg["method"] is None:
+            base = bases.get((cfg["dtype"], False)) if cfg["treeattn"] else None
+        else:
+            base = bases.get((cfg["dtype"], True)) or bases.get((cfg["dtype"], False))
+        if base is not None and base is not r:
             summary["distribution"][name] = {
                 label: homogeneity(base["distribution"][label]["samples"], r["distribution"][label]["samples"])
                 for label in r["distribution"]
                 if label in base["distribution"]
-            }
+            } | {"against": next(n for n, x in runs.items() if x is base)}
     if summary["distribution"] and Path(pair, "target").is_dir():
         summary["sampled_prefix_top_p_margin"] = top_p_margins(pair)
     return summary
