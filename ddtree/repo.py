@@ -23,16 +23,7 @@ from ddtree import REPO
 MODULE_UTILS = str(REPO / "module_utils")
 
 
-def _torch_dynamo_first() -> None:
-    """ansible-core's module_utils replace ``sys.intern`` with a patch object, and torch._dynamo refuses
-    to load after that (``substitute_in_graph expects a function``): where torch is installed, load it
-    before them, so that a proof that judges with module_utils can still load a model afterwards."""
-    if "torch._dynamo" not in sys.modules and importlib.util.find_spec("torch") is not None:
-        importlib.import_module("torch._dynamo")
-
-
 def _module_utils_package() -> types.ModuleType:
-    _torch_dynamo_first()
     try:
         import ansible.module_utils as package
     except ImportError:
