@@ -611,6 +611,16 @@ def top_p_margins(pair: str) -> list[float]:
     token of a few percent in or out, which the two-sample test then detects."""
     import torch
 
+    if "torch._dynamo" not in sys.modules:
+        # transformers' loading imports torch._dynamo, which refuses the sys.intern wrapper that
+        # ansible-core installs where it is present (judging identity loaded module_utils): import it
+        # with Python's own sys.intern, the wrapper keeps it as unpatched_implementation.
+        wrapped = sys.intern
+        sys.intern = getattr(wrapped, "unpatched_implementation", wrapped)
+        try:
+            import torch._dynamo
+        finally:
+            sys.intern = wrapped
     from ddtree.trained import models
 
     kind = json.loads(Path(pair, "build.json").read_text())["kind"]
