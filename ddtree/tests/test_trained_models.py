@@ -221,21 +221,62 @@ def test_homogeneity_passes_the_same_and_fails_another_distribution():
     assert [x["position"] for x in other["by_position"]] == [1, 2, 3, 4]
 
 
-def test_plan_calibrates_the_step_count_to_the_deadline(monkeypatch):
+def test_plan_runs_its_fixed_steps_and_stops_at_the_deadline(monkeypatch):
     from ddtree.trained import build
 
     now = [1000.0]
     monkeypatch.setattr(build.time, "time", lambda: now[0])
-    plan = build.Plan(0, deadline=1000.0 + 100.0)
-    step = 0
-    while not plan.stop(step):
-        now[0] += 0.5  # half a second a step
-        step += 1
-    # calibrated at step 15 (7.5 s gone): 95% of the 92.5 s left at 0.5 s a step, plus the 15 done
-    assert plan.calibrated and plan.steps == 15 + int(0.95 * 92.5 / 0.5)
-    assert step == plan.steps
     fixed = build.Plan(40, deadline=1e12)
-    assert not fixed.calibrated and fixed.steps == 40 and fixed.stop(40) and not fixed.stop(39)
+    assert fixed.stop(40) and not fixed.stop(39)
+    late = build.Plan(40, deadline=1000.0 + 10.0)
+    step = 0
+    while not late.stop(step):
+        now[0] += 0.5
+        step += 1
+    assert step == 21  # past the deadline, not the count
+
+
+def test_file_digests_name_every_file_but_the_timings(tmp_path):
+    import hashlib
+
+    from ddtree.trained import build
+
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "prompts.json").write_text("[]")
+    (tmp_path / "build.json").write_text("{}")
+    assert build.file_digests(str(tmp_path)) == {
+        "prompts.json": hashlib.sha256(b"[]").hexdigest(),
+        "target/model.safetensors": hashlib.sha256(b"weights").hexdigest(),
+    }
+
+
+def test_prompts_are_drawn_again_where_a_length_has_too_few_real_text_candidates(monkeypatch):
+    import torch
+
+    from ddtree.trained import build
+
+    monkeypatch.setattr(build, "PROMPT_LENGTHS", [16])
+    monkeypatch.setattr(build, "load_stream", lambda root, name, dev: torch.arange(5000) % 4000)
+    rounds = []
+
+    def greedy(lm, cands, steps):
+        rounds.append(len(cands))
+        # two real-text candidates in the first draw (a loop elsewhere), four in the next
+        real = 2 if len(rounds) == 1 else 4
+        toks = [list(range(100, 100 + steps)) if i < real else [1, 2] * (steps // 2) for i in range(len(cands))]
+        return toks, [[float(i + 1)] * steps for i in range(len(cands))]
+
+    monkeypatch.setattr(build, "greedy_with_gaps", greedy)
+
+    class LM:
+        def float(self):
+            return self
+
+    got = build.choose_prompts(LM(), "root", torch.device("cpu"))
+    assert rounds == [build.CANDIDATES_PER_LENGTH] * 2
+    assert len(got["prompts"]) == build.PROMPTS_PER_LENGTH
+    assert got["by_length"][0]["real_text_candidates"] == 6
 
 
 def test_kept_tokens_follow_vllms_top_k_and_top_p_and_say_how_close_the_cut_is():

@@ -30,18 +30,24 @@ Where the ``fla`` package (flash-linear-attention's Triton kernels) is importabl
 trains the Gated DeltaNet layers with it instead of its PyTorch reference path (build.json's
 ``gdn_kernel``); the proofs' own reference never uses it.
 
-Everything is seeded; each part's wall time is in build.json. ``--target-steps`` and
-``--drafter-steps`` set the training lengths (recorded); ``--deadline-s`` stops a phase early
-rather than overrun a GPU call (recorded as ``stopped_early``).
+Deterministic from the seeds: fixed step counts per kind (``STEPS``; ``--target-steps`` and
+``--drafter-steps`` change them), a fixed amount of on-policy text, and PyTorch's deterministic
+algorithms (any op that has none is named in build.json's ``nondeterministic_ops``), so a rebuild
+on the same GPU model gives the same files: build.json's ``sha256`` lists every file's digest to
+compare with. ``--deadline-s`` only guards a GPU call against a slow machine: a phase it cuts is
+recorded as ``stopped_early`` (and that build is not reproducible). Each part's wall time is in
+build.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import os
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +70,12 @@ SAMPLED_PREFIX_LENGTHS = (24, 64, 160, 400)
 DRAFT_WINDOW = 1024  # training-stream windows the drafter also learns from
 DRAFT_MIN_CONTEXT = 16  # their first anchor
 SEED = 0
+# (target, drafter) steps: both pairs build at once in about 5.5 minutes on one H100
+STEPS = {"hybrid": (400, 1200), "attention": (1300, 1150)}
+# on-policy generation batches (of GEN_PREFIXES x greedy/sampled, in order): the hybrid's is slow
+# on the PyTorch Gated DeltaNet path, so it writes fewer
+ON_POLICY_BATCHES = {"hybrid": 6, "attention": 18}
+CANDIDATE_ROUNDS = 4  # draws of CANDIDATES_PER_LENGTH per length until PROMPTS_PER_LENGTH are real text
 
 
 def log(msg: str) -> None:
@@ -105,9 +117,17 @@ def cmd_prepare(out: str) -> int:
 
 
 def _sha256(path: str) -> str:
-    import hashlib
-
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def file_digests(pair_dir: str) -> dict[str, str]:
+    """Every file of a built pair but build.json (its timings differ run to run), by relative path."""
+    root = Path(pair_dir)
+    return {
+        str(f.relative_to(root)): _sha256(str(f))
+        for f in sorted(root.rglob("*"))
+        if f.is_file() and f.name != "build.json"
+    }
 
 
 def load_stream(root: str, name: str, device) -> torch.Tensor:
@@ -125,27 +145,14 @@ def mean_loss(losses: list[torch.Tensor]) -> float | None:
 
 
 class Plan:
-    """A phase's step count: given (reproducible), or 0 to calibrate it to the phase's deadline from
-    the time of steps 5 to 15 (the count is recorded; pass it back to repeat the run exactly). The
-    deadline stops a phase that runs slower than planned."""
-
-    CAL_FROM, CAL_TO = 5, 15
+    """A phase's fixed step count; the deadline stops a phase that runs slower than planned."""
 
     def __init__(self, steps: int, deadline: float):
-        self.calibrated = steps <= 0
-        self.steps = steps if steps > 0 else 1_000_000
-        self.limit = self.steps
+        self.steps = steps
         self.deadline = deadline
-        self._t = 0.0
 
     def stop(self, step: int) -> bool:
-        now = time.time()
-        if self.calibrated and step == self.CAL_FROM:
-            self._t = now
-        if self.calibrated and step == self.CAL_TO:
-            per_step = (now - self._t) / (self.CAL_TO - self.CAL_FROM)
-            self.steps = self.limit = max(self.CAL_TO + 1, self.CAL_TO + int(0.95 * (self.deadline - now) / per_step))
-        return now > self.deadline or step >= self.limit
+        return step >= self.steps or time.time() > self.deadline
 
 
 def train_target(kind: str, root: str, steps: int, deadline: float, dev) -> tuple[torch.nn.Module, dict]:
@@ -162,7 +169,7 @@ def train_target(kind: str, root: str, steps: int, deadline: float, dev) -> tupl
     done, losses = 0, []
     lm.train()
     plan = Plan(steps, deadline)
-    for step in range(plan.limit):
+    for step in range(plan.steps):
         if plan.stop(step):
             break
         for group in opt.param_groups:
@@ -187,7 +194,6 @@ def train_target(kind: str, root: str, steps: int, deadline: float, dev) -> tupl
         "params": models.count_params(lm),
         "steps": done,
         "steps_planned": plan.steps,
-        "steps_calibrated": plan.calibrated,
         "stopped_early": done < plan.steps,
         "batch": [BATCH, SEQ],
         "tokens_seen": done * BATCH * SEQ,
@@ -243,21 +249,24 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -
     return idx.gather(-1, choice).squeeze(-1)
 
 
-def on_policy(lm, root: str, dev, deadline: float) -> list[tuple[int, torch.Tensor]]:
-    """(prefix length, [n, prefix + GEN] token ids) per generation batch."""
+def on_policy(lm, root: str, dev, count: int, deadline: float) -> tuple[list[tuple[int, torch.Tensor]], bool]:
+    """(prefix length, [n, prefix + GEN] token ids) for the first ``count`` generation batches, and
+    whether the deadline cut them short (after at least one greedy and one sampled batch)."""
     train = load_stream(root, "train", dev)
     g = torch.Generator(device=dev).manual_seed(SEED + 2)
-    batches = []
+    batches: list[tuple[int, torch.Tensor]] = []
     with torch.autocast(dev.type, dtype=torch.bfloat16):
         for i, p in enumerate(GEN_PREFIXES):
             for temperature in (0.0, 0.7):
+                if len(batches) >= count:
+                    return batches, False
                 if time.time() > deadline and len(batches) >= 2:
-                    return batches  # at least one greedy and one sampled batch
+                    return batches, True
                 n = max(8, GEN_SEQUENCES * 512 // p)  # shorter prefixes: more sequences per batch
                 starts = torch.randint(0, len(train) - p - 1, (n,), device=dev, generator=g)
                 torch.manual_seed(SEED + 100 + i)
                 batches.append((p, generate(lm, windows(train, starts, p), GEN, temperature)))
-    return batches
+    return batches, False
 
 
 # --------------------------------------------------------------------------- drafter
@@ -277,7 +286,7 @@ def train_drafter(kind: str, lm, data, root: str, steps: int, deadline: float, d
     t0 = time.time()
     done, losses = 0, []
     plan = Plan(steps, deadline)
-    for step in range(plan.limit):
+    for step in range(plan.steps):
         if plan.stop(step):
             break
         for group in opt.param_groups:
@@ -304,7 +313,6 @@ def train_drafter(kind: str, lm, data, root: str, steps: int, deadline: float, d
         "target_layer_ids": ids,
         "steps": done,
         "steps_planned": plan.steps,
-        "steps_calibrated": plan.calibrated,
         "stopped_early": done < plan.steps,
         "train_loss_last100": mean_loss(losses[-100:]),
         "seconds": round(time.time() - t0, 1),
@@ -414,10 +422,18 @@ def choose_prompts(lm, root: str, dev) -> dict:
     lm32 = lm.float()
     chosen, report = [], []
     for length in PROMPT_LENGTHS:
-        starts = torch.randint(0, len(held) - length - 1, (CANDIDATES_PER_LENGTH,), device=dev, generator=g)
-        cands = windows(held, starts, length)
-        toks, gaps = greedy_with_gaps(lm32, cands, PROOF_TOKENS)
-        # real text only (identity on a loop proves nothing), the clearest greedy path first
+        cands, toks, gaps = [], [], []
+        # real text only (identity on a loop proves nothing): draw again where too few are
+        for _ in range(CANDIDATE_ROUNDS):
+            starts = torch.randint(0, len(held) - length - 1, (CANDIDATES_PER_LENGTH,), device=dev, generator=g)
+            drawn = windows(held, starts, length)
+            t, gp = greedy_with_gaps(lm32, drawn, PROOF_TOKENS)
+            cands += list(drawn)
+            toks += t
+            gaps += gp
+            if sum(degenerate(x) is None for x in toks) >= PROMPTS_PER_LENGTH:
+                break
+        # the clearest greedy path first
         scored = sorted(((min(gaps[i]), i) for i in range(len(cands)) if degenerate(toks[i]) is None), reverse=True)
         keep = scored[:PROMPTS_PER_LENGTH]
         for gap, i in keep:
@@ -442,7 +458,27 @@ def choose_prompts(lm, root: str, dev) -> dict:
 
 
 # --------------------------------------------------------------------------- the pair
+def deterministic() -> None:
+    """PyTorch's deterministic algorithms (before CUDA starts: cuBLAS reads its workspace setting
+    then); an op without one warns rather than stops the build, and the warning is recorded."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def cmd_pair(kind: str, root: str, target_steps: int, drafter_steps: int, deadline_s: float) -> int:
+    deterministic()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = build_pair(kind, root, target_steps, drafter_steps, deadline_s)
+    report["nondeterministic_ops"] = sorted({str(w.message)[:200] for w in caught if "determinis" in str(w.message)})
+    report["sha256"] = file_digests(os.path.join(root, kind))
+    Path(root, kind, "build.json").write_text(json.dumps(report, indent=1))
+    log(json.dumps({k: report[k] for k in ("target", "seconds", "nondeterministic_ops")}))
+    log(json.dumps({k: v for k, v in report["drafter"].items() if k not in ("config", "inferred")}))
+    return 0
+
+
+def build_pair(kind: str, root: str, target_steps: int, drafter_steps: int, deadline_s: float) -> dict:
     t_start = time.time()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda":
@@ -462,7 +498,7 @@ def cmd_pair(kind: str, root: str, target_steps: int, drafter_steps: int, deadli
     for p in lm.parameters():
         p.requires_grad_(False)
     t = time.time()
-    data = on_policy(lm, root, dev, t_start + 0.52 * deadline_s)
+    data, text_cut = on_policy(lm, root, dev, ON_POLICY_BATCHES[kind], t_start + 0.52 * deadline_s)
     seconds["on_policy_text"] = round(time.time() - t, 1)
     t = time.time()
     drafter, drafter_report = train_drafter(kind, lm, data, root, drafter_steps, t_start + 0.82 * deadline_s, dev)
@@ -480,15 +516,17 @@ def cmd_pair(kind: str, root: str, target_steps: int, drafter_steps: int, deadli
         "gdn_kernel": "fla" if importlib.util.find_spec("fla") else "torch",
         "corpus": json.loads(Path(root, "corpus.json").read_text()),
         "target": target_report,
-        "on_policy_text": {"sequences": sum(len(s) for _, s in data), "generated_tokens_each": GEN},
+        "on_policy_text": {
+            "batches": len(data),
+            "sequences": sum(len(s) for _, s in data),
+            "generated_tokens_each": GEN,
+            "stopped_early": text_cut,
+        },
         "drafter": drafter_report,
         "prompts": prompts["by_length"],
         "seconds": seconds,
     }
-    Path(out, "build.json").write_text(json.dumps(report, indent=1))
-    log(json.dumps({k: report[k] for k in ("target", "seconds")}))
-    log(json.dumps({k: v for k, v in drafter_report.items() if k not in ("config", "inferred")}))
-    return 0
+    return report
 
 
 def main() -> int:
@@ -499,13 +537,14 @@ def main() -> int:
     s = sub.add_parser("pair")
     s.add_argument("kind", choices=["hybrid", "attention"])
     s.add_argument("dir")
-    s.add_argument("--target-steps", type=int, default=0, help="0: calibrate to the deadline")
-    s.add_argument("--drafter-steps", type=int, default=0, help="0: calibrate to the deadline")
-    s.add_argument("--deadline-s", type=float, default=420)
+    s.add_argument("--target-steps", type=int, help="default: STEPS for the kind")
+    s.add_argument("--drafter-steps", type=int, help="default: STEPS for the kind")
+    s.add_argument("--deadline-s", type=float, default=420, help="a guard: a phase it cuts is not reproducible")
     a = ap.parse_args()
     if a.cmd == "prepare":
         return cmd_prepare(a.dir)
-    return cmd_pair(a.kind, a.dir, a.target_steps, a.drafter_steps, a.deadline_s)
+    target_steps, drafter_steps = STEPS[a.kind]
+    return cmd_pair(a.kind, a.dir, a.target_steps or target_steps, a.drafter_steps or drafter_steps, a.deadline_s)
 
 
 if __name__ == "__main__":

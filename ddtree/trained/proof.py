@@ -658,8 +658,11 @@ def record(pair: str, summary: dict, meta: dict) -> dict:
             "target": build["target"],
             "drafter": {k: v for k, v in build["drafter"].items() if k not in ("config", "inferred")},
             "drafter_config": build["drafter"].get("config"),
+            "on_policy_text": build.get("on_policy_text"),
             "build_seconds": build["seconds"],
             "gdn_kernel": build.get("gdn_kernel", "torch"),
+            "nondeterministic_ops": build.get("nondeterministic_ops"),
+            "sha256": build.get("sha256"),  # a rebuild with the same seeds and steps compares here
         },
         "identity": {r: {b: cut(v) for b, v in x.items()} for r, x in summary["identity"].items()},
         "kernel_noise": summary.get("kernel_noise"),

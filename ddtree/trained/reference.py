@@ -87,6 +87,9 @@ class Pair:
         from safetensors.torch import load_file
 
         self.dir, self.device = pair_dir, torch.device(device)
+        if self.device.type == "cuda":  # float32 means float32: no TF32 in matmuls or convolutions
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
         info = json.loads(Path(pair_dir, "build.json").read_text())
         self.kind = info["kind"]
         self.lm, self.head, _ = models.load_target(self.kind, os.path.join(pair_dir, "target"), torch.bfloat16)
