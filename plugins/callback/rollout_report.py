@@ -213,7 +213,8 @@ def _table(columns: list[str], rows: list[tuple[str, ...]]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table)
 
 
-TUNE_COLUMNS = ("host", "method", "budget", "tok/s", "acceptance", "vs chain", "note")
+# The tuning table: one "c=N tok/s" column per declared concurrency goes after the budget.
+TUNE_COLUMNS = ("host", "method", "budget", "weighted vs chain", "acceptance", "note")
 # The tuning note carries the whole choice (figures, ratio and margin) or a candidate's failure.
 TUNE_NOTE_WIDTH = 200
 
@@ -229,8 +230,30 @@ def _fmt(value: Any, spec: str) -> str:
     return format(number, spec) if math.isfinite(number) else "-"
 
 
-def tune_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
-    """One row per tuned host and candidate: its figures at the chosen concurrency, and why it serves or not."""
+def tune_levels(hosts: dict[str, dict[str, Any]]) -> list[int]:
+    """Every concurrency a tuned host declared (tune_traffic), smallest first: one table column each."""
+    levels: set[int] = set()
+    for h in hosts.values():
+        traffic = _section(h.get("report"), "tune").get("traffic")
+        for t in traffic if isinstance(traffic, list) else []:
+            if isinstance(t, dict) and isinstance(t.get("concurrency"), int) and not isinstance(t["concurrency"], bool):
+                levels.add(t["concurrency"])
+    return sorted(levels)
+
+
+def _level_cell(row: dict[str, Any], concurrency: int) -> str:
+    """'600.0 x1.200': a candidate's tok/s at one concurrency and its ratio to the chain's there."""
+    levels = row.get("levels") if isinstance(row.get("levels"), list) else []
+    lv = next((lv for lv in levels if isinstance(lv, dict) and lv.get("concurrency") == concurrency), {})
+    tok_s = _fmt(lv.get("tok_s"), ".1f")
+    if tok_s == "-" or lv.get("vs_chain") is None:
+        return tok_s
+    return f"{tok_s} x{_fmt(lv.get('vs_chain'), '.3f')}"
+
+
+def tune_rows(hosts: dict[str, dict[str, Any]], levels: list[int]) -> list[tuple[str, ...]]:
+    """One row per tuned host and candidate: its figures at every concurrency in ``levels`` (a host
+    that did not declare one shows "-"), its weighted ratio to the chain, and why it serves or not."""
     rows = []
     for name in sorted(hosts):
         tune = _section(hosts[name].get("report"), "tune")
@@ -244,26 +267,24 @@ def tune_rows(hosts: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
             elif r.get("status") != "ok":
                 text = "failed, skipped: " + str(r.get("note") or "")
             else:
-                text = ""
+                text = str(r.get("note") or "")  # "refused: at concurrency N it is ..." or nothing
             rows.append(
                 (
                     name,
                     str(r.get("method") or "-"),
                     str(r.get("budget")) if r.get("budget") not in (None, "") else "-",
-                    _fmt(r.get("tok_s"), ".1f"),
-                    _fmt(r.get("acceptance"), ".2f"),
+                    *(_level_cell(r, c) for c in levels),
                     "x" + _fmt(r.get("vs_chain"), ".3f") if r.get("vs_chain") is not None else "-",
+                    _fmt(r.get("acceptance"), ".2f"),
                     note(text, TUNE_NOTE_WIDTH),
                 )
             )
     return rows
 
 
-def tune_table(rows: list[tuple[str, ...]], concurrency: Any = None) -> str:
-    """The tuning rows under their headers; tok/s is at the concurrency the choice used."""
-    columns = list(TUNE_COLUMNS)
-    if concurrency not in (None, ""):
-        columns[3] = f"tok/s (c={concurrency})"
+def tune_table(rows: list[tuple[str, ...]], levels: list[int]) -> str:
+    """The tuning rows under their headers: tok/s and the ratio to the chain at each concurrency."""
+    columns = [*TUNE_COLUMNS[:3], *(f"c={c} tok/s" for c in levels), *TUNE_COLUMNS[3:]]
     return _table(columns, rows)
 
 
@@ -362,9 +383,9 @@ class CallbackModule(CallbackBase):
         )
         self._display.banner("ROLLOUT REPORT")
         self._display.display(summary_table(summary_rows(self.hosts)))
-        tuned = tune_rows(self.hosts)
+        levels = tune_levels(self.hosts)
+        tuned = tune_rows(self.hosts, levels)
         if tuned:
-            levels = {_section(h.get("report"), "tune").get("concurrency") for h in self.hosts.values()} - {None}
             self._display.banner("TUNING")
-            self._display.display(tune_table(tuned, levels.pop() if len(levels) == 1 else None))
+            self._display.display(tune_table(tuned, levels))
         self._display.display(f"report: {path}")

@@ -86,6 +86,13 @@ REMOVED: dict[str, str] = {
         " (any sliding_attention entry); set that list instead."
     ),
     "ddtree_patch_venv": "the venv is <shared_settings_vllm_root>/<shared_settings_vllm_version>: set those.",
+    **{
+        old: (
+            "tune measures and weighs the concurrencies of tune_traffic, such as [{concurrency: 1, weight: 1},"
+            " {concurrency: 8, weight: 2}] (docs/tune.md); set that instead."
+        )
+        for old in ("tune_concurrency", "tune_pick_concurrency")
+    },
     "service_swap_venv": (
         "the venv is <shared_settings_vllm_root>/<shared_settings_vllm_version>: set those, or"
         " service_swap_vllm_executable for another vllm executable."

@@ -4,11 +4,16 @@ Every candidate is the DFlash chain (``{"method": "dflash"}``) or a DDTree budge
 (``{"method": "ddtree", "budget": 32}``), started behind service_swap's gates and benchmarked with
 the bench prompt set. The rules, in one place:
 
-- only a candidate that passed every gate and was measured can win (a failed one is never served);
-- DDTree wins only when its output tokens/s at the chosen concurrency is at least the chain's times
-  ``1 + margin``; otherwise the chain serves, so a node is never left slower than its chain;
-- without a measured chain (it failed its gates), the fastest candidate that passed serves, and the
-  reason says it was not compared with a chain;
+- only a candidate that passed every gate and was measured at every declared concurrency
+  (``tune_traffic``) can win (a failed one is never served);
+- a candidate's score is the weighted mean, over the declared concurrencies, of its output tokens/s
+  over the chain's at the same concurrency (so each weight means what the inventory says, whatever
+  the tok/s at that concurrency is);
+- a DDTree budget slower than the chain's tok/s x ``1 - margin`` at any declared concurrency is
+  refused; the eligible one with the best score serves when that score is at least ``1 + margin``,
+  otherwise the chain, so a node is never left slower than its chain beyond the margin;
+- without a measured chain (it failed its gates), the candidate with the best score over the fastest
+  that passed at each concurrency serves, and the reason says it was not compared with a chain;
 - nothing passed: no winner (the swap has already put SGLang back).
 
 ``tune_inputs_digest`` names what a measurement depends on, so a node whose inputs did not change is
@@ -33,11 +38,12 @@ for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(Path(__file__).resolve().pa
     if os.path.isdir(_p) and _p not in ansible.module_utils.__path__:
         ansible.module_utils.__path__.append(_p)
 
-from ansible.module_utils.figures import figure_problem, positive_figure
+from ansible.module_utils.figures import figure_problem, is_number, positive_figure
 
 CHAIN = "dflash"
 TREE = "ddtree"
 CANDIDATE_KEYS = {"method", "budget"}
+TRAFFIC_KEYS = {"concurrency", "weight"}
 
 
 def tune_candidate_name(candidate: Mapping[str, Any]) -> str:
@@ -95,6 +101,46 @@ def tune_candidate_problems(candidates: Any, num_speculative_tokens: int) -> lis
     return problems
 
 
+def tune_traffic_problems(traffic: Any) -> list[str]:
+    """One sentence per thing wrong with ``tune_traffic``; [] when every concurrency can be measured and weighed."""
+    example = "[{concurrency: 1, weight: 1}, {concurrency: 8, weight: 2}]"
+    if not isinstance(traffic, Sequence) or isinstance(traffic, (str, bytes)) or not traffic:
+        return [f"tune_traffic must be a non-empty list such as {example}, not {str(traffic)[:60]!r}"]
+    problems: list[str] = []
+    seen: list[int] = []
+    for i, entry in enumerate(traffic):
+        where = f"tune_traffic[{i}]"
+        if not isinstance(entry, Mapping):
+            problems.append(
+                f"{where} is {str(entry)[:60]!r}; each entry is a mapping such as {{concurrency: 8, weight: 2}}"
+            )
+            continue
+        unknown = sorted(set(map(str, entry)) - TRAFFIC_KEYS)
+        if unknown:
+            problems.append(f"{where} has unknown key(s) {', '.join(unknown)}; only concurrency and weight are read")
+        concurrency, weight = entry.get("concurrency"), entry.get("weight")
+        if not _is_int(concurrency) or concurrency < 1:
+            problems.append(
+                f"{where} has concurrency {concurrency!r}; it must be a positive integer (requests in flight at once)"
+            )
+        elif concurrency in seen:
+            problems.append(
+                f"tune_traffic lists concurrency {concurrency} more than once; give each concurrency one weight"
+            )
+        else:
+            seen.append(concurrency)
+        if positive_figure(weight) is None:
+            problems.append(
+                f"{where} has weight {weight!r}; it must be a number above 0 (how much that concurrency counts)"
+            )
+    return problems
+
+
+def tune_traffic_levels(traffic: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The declared concurrencies, smallest first: what every candidate is measured at."""
+    return sorted(int(t["concurrency"]) for t in traffic)
+
+
 def _level(levels: Any, concurrency: int) -> Mapping[str, Any]:
     for lv in levels if isinstance(levels, Sequence) else []:
         if isinstance(lv, Mapping) and lv.get("concurrency") == concurrency:
@@ -107,99 +153,188 @@ def _num(value: Any) -> float | None:
     return positive_figure(value)
 
 
-def tune_choose(results: Sequence[Mapping[str, Any]], margin: float, concurrency: int) -> dict[str, Any]:
-    """The winner among measured candidates, why, and one row per candidate for the report.
+def _ratios(row: Mapping[str, Any]) -> str:
+    """'c=1 x1.150, c=8 x0.930': a row's tok/s over the chain's at each concurrency."""
+    return ", ".join(f"c={lv['concurrency']} x{lv['vs_chain']:.3f}" for lv in row["levels"])
 
-    ``results``: per candidate ``{"method", "budget", "status": "ok" | "failed", "reason", "levels"}``
-    where ``levels`` is openai_bench's list (``concurrency``, ``throughput_tok_s``,
-    ``mean_acceptance_length``). Returns ``{"winner": name | None, "method", "budget", "reason",
-    "rows"}``; each row has ``name, method, budget, status, tok_s, acceptance, vs_chain, chosen, note``.
+
+def _speeds(row: Mapping[str, Any]) -> str:
+    """'c=1 100.0, c=8 600.0 tok/s': a row's output tokens/s at each concurrency."""
+    return ", ".join(f"c={lv['concurrency']} {lv['tok_s']:.1f}" for lv in row["levels"]) + " tok/s"
+
+
+def _refusal(row: Mapping[str, Any], margin: float) -> str:
+    worst = min((lv for lv in row["levels"] if lv["concurrency"] in row["refused_at"]), key=lambda lv: lv["vs_chain"])
+    return (
+        f"at concurrency {worst['concurrency']} it is x{worst['vs_chain']:.3f} the chain, "
+        f"more than the {margin:.0%} margin slower"
+    )
+
+
+def tune_choose(
+    results: Sequence[Mapping[str, Any]], margin: float, traffic: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The winner among measured candidates for the declared traffic, why, and one row per candidate.
+
+    ``results``: per candidate ``{"method", "budget", "status": "ok" | "failed" | "skipped", "reason",
+    "levels"}`` where ``levels`` is openai_bench's list (``concurrency``, ``throughput_tok_s``,
+    ``mean_acceptance_length``). ``traffic``: ``[{"concurrency": int, "weight": number}]`` (valid:
+    ``tune_traffic_problems``). A candidate's score is the weighted mean, over the declared
+    concurrencies, of its tok/s over the chain's tok/s at the same concurrency. A DDTree budget is
+    eligible only when at no declared concurrency its tok/s is under the chain's x (1 - margin); the
+    eligible one with the best score serves when that score is at least 1 + margin, else the chain.
+
+    Returns ``{"winner": name | None, "method", "budget", "reason", "traffic", "margin", "rows"}``; each
+    row has ``name, method, budget, status, levels`` (per declared concurrency: ``concurrency, tok_s,
+    acceptance, vs_chain``), ``acceptance`` (at the smallest declared concurrency), ``vs_chain`` (the
+    weighted score), ``refused_at`` (concurrencies where it is slower than the margin allows),
+    ``chosen`` and ``note``.
     """
     margin = float(margin)
-    concurrency = int(concurrency)
+    weights = {int(t["concurrency"]): float(t["weight"]) for t in traffic}
+    levels = sorted(weights)
+    total = sum(weights.values())
     rows: list[dict[str, Any]] = []
     for r in results:
-        lv = _level(r.get("levels"), concurrency)
-        tok_s = _num(lv.get("throughput_tok_s"))
-        ok = r.get("status") == "ok" and tok_s is not None
-        if r.get("status") == "ok" and lv and tok_s is None:
-            # 0.0 tok/s crashed the choice, Infinity won it (issue 43): such a figure is refused, not compared.
-            problem = figure_problem(lv.get("throughput_tok_s"), f"throughput at concurrency {concurrency}")
-            note = f"measured, but its {problem}: not a speed to compare; measure again (tune_force=true)"
-        else:
-            note = "" if ok else str(r.get("reason") or f"no figures at concurrency {concurrency}")
+        measured = []
+        note = ""
+        for c in levels:
+            lv = _level(r.get("levels"), c)
+            tok_s = _num(lv.get("throughput_tok_s"))
+            if r.get("status") == "ok" and not note and tok_s is None:
+                if lv:
+                    # 0.0 tok/s crashed the choice, Infinity won it (issue 43): such a figure is refused, not compared.
+                    problem = figure_problem(lv.get("throughput_tok_s"), f"throughput at concurrency {c}")
+                    note = f"measured, but its {problem}: not a speed to compare; measure again (tune_force=true)"
+                else:
+                    note = f"no figures at concurrency {c}"
+            measured.append(
+                {
+                    "concurrency": c,
+                    "tok_s": tok_s,
+                    "acceptance": _num(lv.get("mean_acceptance_length")),
+                    "vs_chain": None,
+                }
+            )
+        ok = r.get("status") == "ok" and not note
+        if not ok and not note:
+            note = str(r.get("reason") or "no figures")
         status = "ok" if ok else ("skipped" if r.get("status") == "skipped" else "failed")
+        if not ok:
+            measured = [{"concurrency": c, "tok_s": None, "acceptance": None, "vs_chain": None} for c in levels]
         rows.append(
             {
                 "name": tune_candidate_name(r),
                 "method": r.get("method"),
                 "budget": r.get("budget") if r.get("method") == TREE else None,
                 "status": status,
-                "tok_s": tok_s if ok else None,
-                "acceptance": _num(lv.get("mean_acceptance_length")) if ok else None,
+                "levels": measured,
+                "acceptance": measured[0]["acceptance"] if measured else None,
                 "vs_chain": None,
+                "refused_at": [],
                 "chosen": False,
                 "note": note,
             }
         )
     passed = [row for row in rows if row["status"] == "ok"]
     chain = next((row for row in passed if row["method"] == CHAIN), None)
-    if chain is not None:  # a passed row's tok_s is finite and above zero (_num)
-        for row in passed:
-            row["vs_chain"] = round(row["tok_s"] / chain["tok_s"], 3)
+    # Each tok/s over a reference at the same concurrency: the chain's, or without one the fastest
+    # that passed there (a passed row's tok/s are finite and above zero, _num).
+    reference = (
+        {
+            c: (chain["levels"][i]["tok_s"] if chain is not None else max(row["levels"][i]["tok_s"] for row in passed))
+            for i, c in enumerate(levels)
+        }
+        if passed
+        else {}
+    )
+    score: dict[str, float] = {}
+    for row in passed:
+        for lv in row["levels"]:
+            ratio = lv["tok_s"] / reference[lv["concurrency"]]
+            if chain is not None:
+                lv["vs_chain"] = round(ratio, 3)
+            if ratio < 1 - margin and chain is not None:
+                row["refused_at"].append(lv["concurrency"])
+        score[row["name"]] = (
+            sum(weights[lv["concurrency"]] * lv["tok_s"] / reference[lv["concurrency"]] for lv in row["levels"]) / total
+        )
+        if chain is not None:
+            row["vs_chain"] = round(score[row["name"]], 3)
 
-    def fastest(rows_: list[dict[str, Any]]) -> dict[str, Any] | None:
-        # The higher tok/s; on a tie the smaller budget (less memory), the chain first.
-        return min(rows_, key=lambda row: (-row["tok_s"], row["budget"] or 0), default=None)
+    def best(rows_: list[dict[str, Any]]) -> dict[str, Any] | None:
+        # The best score; on a tie the smaller budget (less memory), the chain first.
+        return min(rows_, key=lambda row: (-score[row["name"]], row["budget"] or 0), default=None)
 
-    at = f"at concurrency {concurrency}"
     if not passed:
         failed = "; ".join(f"{row['name']}: {row['note']}" for row in rows)
         lead = "no candidate passed" if any(row["status"] == "skipped" for row in rows) else "every candidate failed"
         winner, reason = None, f"{lead}, so none serves ({failed})"
     elif chain is None:
-        winner = fastest(passed)
+        winner = best(passed)
         chain_measured = any(r.get("method") == CHAIN and r.get("status") == "ok" for r in results)
         chain_why = "has no speed to compare" if chain_measured else "failed its gates"
         reason = (
             f"the DFlash chain {chain_why} ({next(r['note'] for r in rows if r['method'] == CHAIN)}), so "
-            f"{winner['name']} serves as the fastest candidate that passed ({winner['tok_s']:.1f} tok/s {at}), "
+            f"{winner['name']} serves as the candidate that passed with the best weighted tok/s ({_speeds(winner)}), "
             "not compared with a chain"
         )
     else:
-        tree = fastest([row for row in passed if row["method"] == TREE])
-        need = chain["tok_s"] * (1 + margin)
-        if tree is not None and tree["tok_s"] >= need:
-            winner = tree
+        trees = [row for row in passed if row["method"] == TREE]
+        for row in trees:
+            if row["refused_at"]:
+                row["note"] = f"refused: {_refusal(row, margin)}"
+        eligible = best([row for row in trees if not row["refused_at"]])
+        top = best(trees)
+        refused = (
+            f"; {top['name']}, weighted x{top['vs_chain']:.3f}, is refused: {_refusal(top, margin)}"
+            if top is not None and top is not eligible and top["refused_at"]
+            else ""
+        )
+        if eligible is not None and eligible["vs_chain"] >= 1 + margin:
+            winner = eligible
             reason = (
-                f"{tree['name']} {tree['tok_s']:.1f} tok/s {at} is x{tree['vs_chain']:.3f} the chain's "
-                f"{chain['tok_s']:.1f}, at least the {margin:.0%} margin"
+                f"{eligible['name']} is weighted x{eligible['vs_chain']:.3f} the chain's tok/s ({_ratios(eligible)}), "
+                f"at least the {margin:.0%} margin and within it at every concurrency{refused}"
             )
-        elif tree is not None:
+        elif trees:
             winner = chain
-            reason = (
-                f"the chain {chain['tok_s']:.1f} tok/s {at}: the fastest DDTree, {tree['name']} at "
-                f"{tree['tok_s']:.1f} (x{tree['vs_chain']:.3f}), does not beat it by the {margin:.0%} margin"
-            )
+            if all(lv["vs_chain"] < 1 for row in trees for lv in row["levels"]):
+                reason = (
+                    f"the chain ({_speeds(chain)}) is the fastest at every concurrency; the best DDTree, "
+                    f"{top['name']}, is weighted x{top['vs_chain']:.3f}"
+                )
+            elif eligible is None:
+                reason = (
+                    f"the chain ({_speeds(chain)}): every DDTree is more than the {margin:.0%} margin slower than it "
+                    f"at some concurrency{refused}"
+                )
+            else:
+                reason = (
+                    f"the chain ({_speeds(chain)}): the best DDTree within the margin everywhere, {eligible['name']}, "
+                    f"is weighted x{eligible['vs_chain']:.3f} ({_ratios(eligible)}), short of the {margin:.0%} margin"
+                    f"{refused}"
+                )
         else:
             winner = chain
-            trees = [row for row in rows if row["method"] == TREE]
-            skipped = [row for row in trees if row["status"] == "skipped"]
-            if not trees:
+            all_trees = [row for row in rows if row["method"] == TREE]
+            skipped = [row for row in all_trees if row["status"] == "skipped"]
+            if not all_trees:
                 why = "tune_candidates lists no DDTree budget"
-            elif len(skipped) == len(trees):
+            elif len(skipped) == len(all_trees):
                 why = f"no DDTree candidate was measured ({skipped[0]['note']})"
             else:
                 why = "no DDTree candidate passed its gates"
-            reason = f"the chain {chain['tok_s']:.1f} tok/s {at}: {why}"
+            reason = f"the chain ({_speeds(chain)}): {why}"
     if winner is not None:
         winner["chosen"] = True
+        winner["note"] = ""
     return {
         "winner": winner["name"] if winner else None,
         "method": winner["method"] if winner else None,
         "budget": winner["budget"] if winner else None,
         "reason": reason,
-        "concurrency": concurrency,
+        "traffic": [{"concurrency": c, "weight": weights[c]} for c in levels],
         "margin": margin,
         "rows": rows,
     }
@@ -322,12 +457,21 @@ def tune_order_results(results: Sequence[Mapping[str, Any]], candidates: Sequenc
     )
 
 
+def _traffic_text(traffic: Any) -> str:
+    """'1 (weight 1), 4 (weight 1), 8 (weight 2)': the declared traffic in a sentence."""
+    return ", ".join(
+        f"{t.get('concurrency')} (weight {t.get('weight'):g})" if is_number(t.get("weight")) else str(t)
+        for t in traffic or []
+        if isinstance(t, Mapping)
+    )
+
+
 def tune_plan_message(what: Mapping[str, Any]) -> str:
     """What tuning does on this node, in one sentence (roles/tune/tasks/service.yml).
 
     ``what``: measure (bool), check_mode, force, tuned_before (a record with an inputs digest
-    exists), plan (tune_plan's), concurrency, pick_concurrency, ddtree_unavailable, digest, choice
-    (the recorded choice; read only when not measuring).
+    exists), plan (tune_plan's), traffic (tune_traffic), ddtree_unavailable, digest, choice (the
+    recorded choice; read only when not measuring).
     """
     if not what.get("measure"):
         choice = what.get("choice") or {}
@@ -341,10 +485,12 @@ def tune_plan_message(what: Mapping[str, Any]) -> str:
         else ("inputs changed since the last tuning" if what.get("tuned_before") else "never tuned")
     )
     names = ", ".join(tune_candidate_name(c) for c in (what.get("plan") or {}).get("measure", []))
-    levels = ", ".join(str(c) for c in what.get("concurrency") or [])
+    traffic = what.get("traffic") or []
+    levels = ", ".join(str(t.get("concurrency")) for t in traffic if isinstance(t, Mapping))
     text = (
         f"{'Would measure' if what.get('check_mode') else 'Measuring'} {names} at concurrency {levels} ({why}), "
-        f"each restarted behind the swap's gates, then serve the fastest at concurrency {what.get('pick_concurrency')}."
+        "each restarted behind the swap's gates, then serve the best weighted tok/s for the traffic "
+        f"(concurrency {_traffic_text(traffic)})."
     )
     unavailable = what.get("ddtree_unavailable") or ""
     return f"{text} DDTree budgets not measured: {unavailable}." if unavailable else text
@@ -356,6 +502,8 @@ class FilterModule:
             "tune_candidate_name": tune_candidate_name,
             "tune_candidate_problems": tune_candidate_problems,
             "tune_choose": tune_choose,
+            "tune_traffic_problems": tune_traffic_problems,
+            "tune_traffic_levels": tune_traffic_levels,
             "tune_inputs_digest": tune_inputs_digest,
             "tune_read_prompts": tune_read_prompts,
             "tune_ddtree_unavailable": tune_ddtree_unavailable,

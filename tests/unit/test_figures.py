@@ -158,6 +158,9 @@ def test_tokens_per_second_is_a_finite_figure_or_none(tokens, seconds, rate) -> 
 # --- tune_choose and the stored record -----------------------------------------------------------------------
 
 
+ONE = [{"concurrency": 1, "weight": 1}]
+
+
 def measured(method: str, budget: int | None, tok_s) -> dict:
     return {
         "method": method,
@@ -171,32 +174,32 @@ def measured(method: str, budget: int | None, tok_s) -> dict:
 @pytest.mark.parametrize("chain", [0.0, -1.0, math.inf, math.nan, None, "fast", HUGE])
 def test_a_chain_whose_figure_is_not_a_speed_is_refused_and_nothing_crashes(chain) -> None:
     """A chain at 0.0 tok/s crashed with "unsupported format string passed to NoneType.__format__"."""
-    choice = tune_choose([measured("dflash", None, chain), measured("ddtree", 32, 250.0)], 0.05, 1)
+    choice = tune_choose([measured("dflash", None, chain), measured("ddtree", 32, 250.0)], 0.05, ONE)
     chain_row = choice["rows"][0]
     assert chain_row["status"] == "failed"
-    assert chain_row["tok_s"] is None
+    assert chain_row["levels"][0]["tok_s"] is None
     assert chain_row["note"].startswith("measured, but its throughput at concurrency 1 is ")
     assert chain_row["note"].endswith("not a speed to compare; measure again (tune_force=true)")
     assert choice["winner"] == "ddtree-32"
     assert choice["reason"].startswith("the DFlash chain has no speed to compare (measured, but its throughput")
     assert "not compared with a chain" in choice["reason"]
     json.dumps(choice, allow_nan=False)  # no inf or nan anywhere in what is stored and reported
-    rows = tune_rows({"n1": {"report": {"tune": choice}}})
-    assert [r[3:6] for r in rows] == [("-", "-", "-"), ("250.0", "5.00", "-")]  # tok/s, acceptance, vs chain
-    tune_table(rows)
+    rows = tune_rows({"n1": {"report": {"tune": choice}}}, [1])
+    assert [r[3:6] for r in rows] == [("-", "-", "-"), ("250.0", "-", "5.00")]  # tok/s, vs chain, acceptance
+    tune_table(rows, [1])
 
 
 @pytest.mark.parametrize("tree", [0.0, math.inf, math.nan])
 def test_a_tree_whose_figure_is_not_a_speed_never_wins(tree) -> None:
     """Infinity won the choice ("inf tok/s ... xinf") and was written into tune.fact."""
-    choice = tune_choose([measured("dflash", None, 100.0), measured("ddtree", 32, tree)], 0.05, 1)
+    choice = tune_choose([measured("dflash", None, 100.0), measured("ddtree", 32, tree)], 0.05, ONE)
     assert choice["winner"] == "dflash"
     assert choice["rows"][1]["status"] == "failed"
     json.dumps(choice, allow_nan=False)
 
 
 def test_both_refused_means_no_winner_with_each_reason() -> None:
-    choice = tune_choose([measured("dflash", None, 0.0), measured("ddtree", 32, math.inf)], 0.05, 1)
+    choice = tune_choose([measured("dflash", None, 0.0), measured("ddtree", 32, math.inf)], 0.05, ONE)
     assert choice["winner"] is None
     assert choice["reason"].startswith("every candidate failed, so none serves (dflash: measured, but its throughput")
 
@@ -289,7 +292,7 @@ def test_a_stored_bad_record_through_ansible_playbook_neither_crashes_nor_sticks
         '        msg: "RECORD {{ item.item }} {{ item.data | default(none) | tune_read_record | to_json }}"\n'
         "      loop: '{{ facts.results }}'\n"
         "    - ansible.builtin.debug:\n"
-        '        msg: "CHOICE {{ (facts.results[0].data.results | tune_choose(0.05, 1)).reason }}"\n'
+        '        msg: "CHOICE {{ (facts.results[0].data.results | tune_choose(0.05, [dict(concurrency=1, weight=1)])).reason }}"\n'
     )
     inventory = tmp_path / "localhost.ini"
     inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")

@@ -46,7 +46,7 @@ from ansible.module_utils.vllm_changeset import ChangeSetError, parse_changeset
 from ansible.module_utils.vllm_venvs import MARKER, list_venvs, read_venv
 from inventory_checks import type_problem
 from module_results import all_text_is_utf8
-from rollout_report import failure_message, summary_rows, summary_table, tune_rows, tune_table
+from rollout_report import failure_message, summary_rows, summary_table, tune_levels, tune_rows, tune_table
 from unit_values import unit_value_problems
 
 SEED = int(os.environ.get("FUZZ_SEED", "23"))
@@ -352,8 +352,16 @@ NODE_REPORT = json.dumps(
         "tune": {
             "winner": "ddtree",
             "reason": "faster",
-            "concurrency": 4,
-            "rows": [{"method": "ddtree", "budget": 8, "tok_s": 190.0, "acceptance": 3.5, "vs_chain": 1.1}],
+            "traffic": [{"concurrency": 4, "weight": 1.0}],
+            "rows": [
+                {
+                    "method": "ddtree",
+                    "budget": 8,
+                    "levels": [{"concurrency": 4, "tok_s": 190.0, "acceptance": 3.5, "vs_chain": 1.1}],
+                    "acceptance": 3.5,
+                    "vs_chain": 1.1,
+                }
+            ],
         },
     }
 ).encode()
@@ -384,7 +392,8 @@ def test_rollout_report_inputs_never_raise(what, seed):
             host["errors"].append({"task": "t", "msg": failure_message(value)})
         hosts = {"n1": host, "n2": {"outcome": "ok", "report": value, "errors": []}}
         summary_table(summary_rows(hosts))
-        tune_table(tune_rows(hosts), 4)
+        levels = tune_levels(hosts)
+        tune_table(tune_rows(hosts, levels), levels)
         json.dumps({"hosts": hosts}, indent=2, sort_keys=True, default=str)
 
     assert fuzz(seed, check, ()) > 0

@@ -189,6 +189,14 @@ def test_the_old_sliding_flag_points_at_the_layer_types() -> None:
     ]
 
 
+@pytest.mark.parametrize("old", ["tune_pick_concurrency", "tune_concurrency"])
+def test_the_old_tuning_concurrency_points_at_the_traffic(old: str) -> None:
+    assert _problems(**{old: 8}) == [
+        f"gpu-a: {old} is no longer used: tune measures and weighs the concurrencies of tune_traffic, such as"
+        " [{concurrency: 1, weight: 1}, {concurrency: 8, weight: 2}] (docs/tune.md); set that instead."
+    ]
+
+
 # --- never echo a secret; bounded, YAML-named values (issue 23, item 2) -----------------------
 
 

@@ -13,6 +13,7 @@ from rollout_report import (
     reason,
     summary_rows,
     summary_table,
+    tune_levels,
     tune_rows,
     tune_table,
     unreached,
@@ -270,55 +271,58 @@ def test_two_runs_in_the_same_second_keep_both_reports(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, second.name])
 
 
-def _tuned(winner: str, reason: str, rows: list[dict]) -> dict:
+TRAFFIC = [{"concurrency": 1, "weight": 1.0}, {"concurrency": 8, "weight": 1.0}]
+
+
+def _tuned(winner: str, reason: str, rows: list[dict], traffic: list[dict] = TRAFFIC) -> dict:
     return {
         "outcome": "changed",
         "errors": [{"task": "Benchmark it", "msg": "a rescued candidate failure"}],
         "report": {
             "service_swap": {"serving": "vllm", "mean_acceptance_length": 6.25, "tokens_per_second": 480.0},
-            "tune": {"winner": winner, "reason": reason, "concurrency": 1, "rows": rows},
+            "tune": {"winner": winner, "reason": reason, "traffic": traffic, "rows": rows},
         },
     }
 
 
+def _row(name: str, status: str, levels: list, vs_chain: float | None, chosen: bool = False, note: str = "") -> dict:
+    method, _, budget = name.partition("-")
+    return {
+        "name": name,
+        "method": method,
+        "budget": int(budget) if budget else None,
+        "status": status,
+        "levels": [{"concurrency": c, "tok_s": t, "acceptance": a, "vs_chain": v} for c, t, a, v in levels],
+        "acceptance": levels[0][2] if levels else None,
+        "vs_chain": vs_chain,
+        "refused_at": [],
+        "chosen": chosen,
+        "note": note,
+    }
+
+
+WHY = "ddtree-16 is weighted x1.100 the chain's tok/s (c=1 x1.100, c=8 x1.100), at least the 5% margin"
 TUNED = {
     "n1": _tuned(
-        "ddtree-32",
-        "ddtree-32 600.0 tok/s at concurrency 1 is x1.200 the chain's 500.0, at least the 5% margin",
+        "ddtree-16",
+        WHY,
         [
-            {
-                "name": "dflash",
-                "method": "dflash",
-                "budget": None,
-                "status": "ok",
-                "tok_s": 500.0,
-                "acceptance": 6.25,
-                "vs_chain": 1.0,
-                "chosen": False,
-                "note": "",
-            },
-            {
-                "name": "ddtree-32",
-                "method": "ddtree",
-                "budget": 32,
-                "status": "ok",
-                "tok_s": 600.0,
-                "acceptance": 8.5,
-                "vs_chain": 1.2,
-                "chosen": True,
-                "note": "",
-            },
-            {
-                "name": "ddtree-64",
-                "method": "ddtree",
-                "budget": 64,
-                "status": "failed",
-                "tok_s": None,
-                "acceptance": None,
-                "vs_chain": None,
-                "chosen": False,
-                "note": "Gate 1, vLLM is healthy: vLLM did not become healthy",
-            },
+            _row("dflash", "ok", [(1, 500.0, 6.25, 1.0), (8, 2000.0, 6.25, 1.0)], 1.0),
+            _row("ddtree-16", "ok", [(1, 550.0, 7.75, 1.1), (8, 2200.0, 7.75, 1.1)], 1.1, chosen=True),
+            _row(
+                "ddtree-32",
+                "ok",
+                [(1, 700.0, 10.0, 1.4), (8, 1000.0, 10.0, 0.5)],
+                0.95,
+                note="refused: at concurrency 8 it is x0.500 the chain, more than the 5% margin slower",
+            ),
+            _row(
+                "ddtree-64",
+                "failed",
+                [(1, None, None, None), (8, None, None, None)],
+                None,
+                note="Gate 1, vLLM is healthy: vLLM did not become healthy",
+            ),
         ],
     ),
 }
@@ -326,56 +330,58 @@ TUNED = {
 
 def test_a_tuned_host_says_what_serves_and_why_not_a_rescued_candidate() -> None:
     row = summary_rows(TUNED)[0]
-    assert row[3] == "vllm ddtree-32"
-    assert (
-        row[-1] == "tuned: ddtree-32 600.0 tok/s at concurrency 1 is x1.200 the chain's 500.0, at least the 5% margin"
-    )
+    assert row[3] == "vllm ddtree-16"
+    assert row[-1] == "tuned: " + WHY
 
 
-def test_the_tuning_table_has_every_candidate() -> None:
-    assert tune_table(tune_rows(TUNED), 1).splitlines() == [
-        "host  method  budget  tok/s (c=1)  acceptance  vs chain  note",
-        "n1    dflash  -       500.0        6.25        x1.000",
-        "n1    ddtree  32      600.0        8.50        x1.200    serves: ddtree-32 600.0 tok/s at concurrency 1 is x1.200 the"
-        " chain's 500.0, at least the 5% margin",
-        "n1    ddtree  64      -            -           -         failed, skipped: Gate 1, vLLM is healthy: vLLM did not become"
-        " healthy",
+def test_the_tuning_table_has_every_candidate_at_every_concurrency() -> None:
+    assert tune_levels(TUNED) == [1, 8]
+    assert tune_table(tune_rows(TUNED, [1, 8]), [1, 8]).splitlines() == [
+        "host  method  budget  c=1 tok/s     c=8 tok/s      weighted vs chain  acceptance  note",
+        "n1    dflash  -       500.0 x1.000  2000.0 x1.000  x1.000             6.25",
+        "n1    ddtree  16      550.0 x1.100  2200.0 x1.100  x1.100             7.75        serves: " + WHY,
+        "n1    ddtree  32      700.0 x1.400  1000.0 x0.500  x0.950             10.00       refused: at concurrency 8 it"
+        " is x0.500 the chain, more than the 5% margin slower",
+        "n1    ddtree  64      -             -              -                  -           failed, skipped: Gate 1,"
+        " vLLM is healthy: vLLM did not become healthy",
     ]
 
 
+def test_hosts_with_other_traffic_show_a_dash_where_they_measured_nothing() -> None:
+    rows = [_row("dflash", "ok", [(4, 900.0, 6.25, 1.0)], 1.0, chosen=True)]
+    hosts = {
+        **TUNED,
+        "n2": _tuned("dflash", "the chain (c=4 900.0 tok/s): no DDTree", rows, [{"concurrency": 4, "weight": 1}]),
+    }
+    levels = tune_levels(hosts)
+    assert levels == [1, 4, 8]
+    assert tune_table(tune_rows(hosts, levels), levels).splitlines()[-1] == (
+        "n2    dflash  -       -             900.0 x1.000  -              x1.000             6.25        serves: the"
+        " chain (c=4 900.0 tok/s): no DDTree"
+    )
+
+
 def test_no_tuning_no_rows() -> None:
-    assert tune_rows(HOSTS) == []
+    assert tune_levels(HOSTS) == []
+    assert tune_rows(HOSTS, []) == []
 
 
 def test_a_ddtree_budget_not_measured_says_why_in_the_table() -> None:
     rows = [
-        {
-            "name": "dflash",
-            "method": "dflash",
-            "budget": None,
-            "status": "ok",
-            "tok_s": 500.0,
-            "acceptance": 6.25,
-            "vs_chain": 1.0,
-            "chosen": True,
-            "note": "",
-        },
-        {
-            "name": "ddtree-16",
-            "method": "ddtree",
-            "budget": 16,
-            "status": "skipped",
-            "tok_s": None,
-            "acceptance": None,
-            "vs_chain": None,
-            "chosen": False,
-            "note": "not measured: DDTree is not available on this node: the target has Mamba layers (mamba)",
-        },
+        _row("dflash", "ok", [(1, 500.0, 6.25, 1.0)], 1.0, chosen=True),
+        _row(
+            "ddtree-16",
+            "skipped",
+            [(1, None, None, None)],
+            None,
+            note="not measured: DDTree is not available on this node: the target has Mamba layers (mamba)",
+        ),
     ]
-    hosts = {"n2": _tuned("dflash", "the chain 500.0 tok/s at concurrency 1: no DDTree candidate was measured", rows)}
-    assert tune_table(tune_rows(hosts), 1).splitlines()[2] == (
-        "n2    ddtree  16      -            -           -         not measured: DDTree is not available on this node:"
-        " the target has Mamba layers (mamba)"
+    one = [{"concurrency": 1, "weight": 1}]
+    hosts = {"n2": _tuned("dflash", "the chain (c=1 500.0 tok/s): no DDTree candidate was measured", rows, one)}
+    assert tune_table(tune_rows(hosts, [1]), [1]).splitlines()[2] == (
+        "n2    ddtree  16      -             -                  -           not measured: DDTree is not available on"
+        " this node: the target has Mamba layers (mamba)"
     )
 
 
@@ -388,4 +394,4 @@ def test_a_node_tune_yml_skipped_says_so_and_what_to_do() -> None:
         }
     }
     assert summary_rows(hosts)[0][-1] == "not tuned: serves sglang, not vLLM: run site.yml -l n3 first"
-    assert tune_rows(hosts) == []
+    assert tune_rows(hosts, tune_levels(hosts)) == []

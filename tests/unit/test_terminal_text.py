@@ -132,14 +132,19 @@ def test_the_rollout_report_s_tables_show_no_control_character() -> None:
                     "winner": "dflash",
                     "reason": HOSTILE,
                     "rows": [
-                        {"method": "dflash\x1b[2J", "status": "ok", "chosen": True, "tok_s": 5.0},
+                        {
+                            "method": "dflash\x1b[2J",
+                            "status": "ok",
+                            "chosen": True,
+                            "levels": [{"concurrency": 1, "tok_s": 5.0}],
+                        },
                         {"method": "ddtree", "budget": "3\x1b]0;x\x07", "status": "failed", "note": HOSTILE},
                     ],
                 },
             },
         }
     }
-    table = summary_table(summary_rows(hosts)) + "\n" + tune_table(tune_rows(hosts))
+    table = summary_table(summary_rows(hosts)) + "\n" + tune_table(tune_rows(hosts, [1]), [1])
     assert all(clean(line) for line in table.splitlines()), table
     assert "red link" in table and "inf" not in table
 

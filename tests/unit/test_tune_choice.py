@@ -15,6 +15,8 @@ from tune_choice import (
     tune_read_prompts,
     tune_read_record,
     tune_swap_serving,
+    tune_traffic_levels,
+    tune_traffic_problems,
 )
 
 DEFAULTS = [
@@ -101,50 +103,123 @@ def test_bad_candidates_are_named(candidates: object, problem: str) -> None:
     assert problem in tune_candidate_problems(candidates, 15)
 
 
+ONE = [{"concurrency": 1, "weight": 1}]
+BOTH = [{"concurrency": 1, "weight": 1}, {"concurrency": 4, "weight": 1}]
+
+
 def test_ddtree_wins_when_it_beats_the_chain_by_the_margin() -> None:
     out = tune_choose(
         [
             measured("dflash", None, 100.0, 300.0),
-            measured("ddtree", 16, 104.0, 290.0),
-            measured("ddtree", 32, 122.0, 280.0),
+            measured("ddtree", 16, 104.0, 306.0),
+            measured("ddtree", 32, 122.0, 330.0),
         ],
         0.05,
-        1,
+        BOTH,
     )
     assert (out["winner"], out["method"], out["budget"]) == ("ddtree-32", "ddtree", 32)
-    assert out["reason"] == "ddtree-32 122.0 tok/s at concurrency 1 is x1.220 the chain's 100.0, at least the 5% margin"
-    assert [(r["name"], r["tok_s"], r["vs_chain"], r["chosen"]) for r in out["rows"]] == [
-        ("dflash", 100.0, 1.0, False),
-        ("ddtree-16", 104.0, 1.04, False),
-        ("ddtree-32", 122.0, 1.22, True),
+    assert out["reason"] == (
+        "ddtree-32 is weighted x1.160 the chain's tok/s (c=1 x1.220, c=4 x1.100), at least the 5% margin and within"
+        " it at every concurrency"
+    )
+    assert [(r["name"], r["vs_chain"], r["chosen"], r["note"]) for r in out["rows"]] == [
+        ("dflash", 1.0, False, ""),
+        ("ddtree-16", 1.03, False, ""),
+        ("ddtree-32", 1.16, True, ""),
     ]
+    assert out["rows"][2]["levels"] == [
+        {"concurrency": 1, "tok_s": 122.0, "acceptance": 6.0, "vs_chain": 1.22},
+        {"concurrency": 4, "tok_s": 330.0, "acceptance": 6.0, "vs_chain": 1.1},
+    ]
+    assert out["traffic"] == [{"concurrency": 1, "weight": 1.0}, {"concurrency": 4, "weight": 1.0}]
 
 
 def test_a_ddtree_faster_by_less_than_the_margin_leaves_the_chain() -> None:
-    out = tune_choose([measured("dflash", None, 100.0, 300.0), measured("ddtree", 16, 104.9, 310.0)], 0.05, 1)
+    out = tune_choose([measured("dflash", None, 100.0, 300.0), measured("ddtree", 16, 104.9, 310.0)], 0.05, ONE)
     assert (out["winner"], out["method"], out["budget"]) == ("dflash", "dflash", None)
     assert out["reason"] == (
-        "the chain 100.0 tok/s at concurrency 1: the fastest DDTree, ddtree-16 at 104.9 (x1.049), "
-        "does not beat it by the 5% margin"
+        "the chain (c=1 100.0 tok/s): the best DDTree within the margin everywhere, ddtree-16, is weighted x1.049"
+        " (c=1 x1.049), short of the 5% margin"
     )
 
 
 def test_exactly_the_margin_is_enough() -> None:
-    assert tune_choose([measured("dflash", None, 100.0, 1.0), measured("ddtree", 16, 105.0, 1.0)], 0.05, 1)[
+    assert tune_choose([measured("dflash", None, 100.0, 1.0), measured("ddtree", 16, 105.0, 1.0)], 0.05, ONE)[
         "winner"
     ] == ("ddtree-16")
 
 
-def test_the_chosen_concurrency_decides() -> None:
-    results = [measured("dflash", None, 100.0, 300.0), measured("ddtree", 32, 130.0, 250.0)]
-    assert tune_choose(results, 0.05, 1)["winner"] == "ddtree-32"
-    out = tune_choose(results, 0.05, 4)
+def test_the_winner_differs_between_concurrencies_and_the_traffic_decides() -> None:
+    """ddtree-32 is the fastest alone, the chain under load (a step verifies concurrency x (budget + 1) tokens)."""
+    results = [
+        measured("dflash", None, 100.0, 300.0),
+        measured("ddtree", 16, 115.0, 300.0),
+        measured("ddtree", 32, 140.0, 270.0),
+    ]
+    alone = tune_choose(results, 0.05, ONE)
+    assert alone["winner"] == "ddtree-32"
+    loaded = tune_choose(results, 0.05, [{"concurrency": 4, "weight": 1}])
+    assert loaded["winner"] == "dflash"
+    assert loaded["reason"] == (
+        "the chain (c=4 300.0 tok/s): the best DDTree within the margin everywhere, ddtree-16, is weighted x1.000"
+        " (c=4 x1.000), short of the 5% margin"
+    )
+    assert (
+        loaded["rows"][2]["note"] == "refused: at concurrency 4 it is x0.900 the chain, more than the 5% margin slower"
+    )
+    # Both concurrencies: ddtree-32's weighted x1.150 beats ddtree-16's x1.075, but at concurrency 4 it is
+    # 10% slower than the chain, so ddtree-16 serves.
+    both = tune_choose(results, 0.05, BOTH)
+    assert both["winner"] == "ddtree-16"
+    assert both["reason"] == (
+        "ddtree-16 is weighted x1.075 the chain's tok/s (c=1 x1.150, c=4 x1.000), at least the 5% margin and within"
+        " it at every concurrency; ddtree-32, weighted x1.150, is refused: at concurrency 4 it is x0.900 the chain,"
+        " more than the 5% margin slower"
+    )
+    row = both["rows"][2]
+    assert (row["vs_chain"], row["refused_at"], row["chosen"]) == (1.15, [4], False)
+    assert row["note"] == "refused: at concurrency 4 it is x0.900 the chain, more than the 5% margin slower"
+
+
+def test_weights_are_a_weighted_mean_of_the_ratios_to_the_chain() -> None:
+    """The chain's tok/s at 4 is 3x its tok/s at 1: a weight means the same at either concurrency."""
+    results = [measured("dflash", None, 100.0, 300.0), measured("ddtree", 32, 130.0, 291.0)]
+    light = [{"concurrency": 1, "weight": 1}, {"concurrency": 4, "weight": 9}]
+    out = tune_choose(results, 0.05, light)
+    # (1 x 1.30 + 9 x 0.97) / 10 = 1.003: short of the margin, although within it at concurrency 4.
+    assert (out["winner"], out["rows"][1]["vs_chain"], out["rows"][1]["refused_at"]) == ("dflash", 1.003, [])
+    heavy = [{"concurrency": 1, "weight": 9}, {"concurrency": 4, "weight": 1}]
+    out = tune_choose(results, 0.05, heavy)
+    # (9 x 1.30 + 1 x 0.97) / 10 = 1.267.
+    assert (out["winner"], out["rows"][1]["vs_chain"]) == ("ddtree-32", 1.267)
+
+
+def test_slower_within_the_margin_at_one_concurrency_is_allowed() -> None:
+    out = tune_choose([measured("dflash", None, 100.0, 300.0), measured("ddtree", 32, 140.0, 285.0)], 0.05, BOTH)
+    assert (out["winner"], out["rows"][1]["refused_at"]) == ("ddtree-32", [])
+
+
+def test_the_chain_fastest_at_every_concurrency_says_so() -> None:
+    out = tune_choose([measured("dflash", None, 100.0, 300.0), measured("ddtree", 16, 99.0, 240.0)], 0.05, BOTH)
     assert out["winner"] == "dflash"
-    assert [r["vs_chain"] for r in out["rows"]] == [1.0, 0.833]
+    assert out["reason"] == (
+        "the chain (c=1 100.0, c=4 300.0 tok/s) is the fastest at every concurrency; the best DDTree, ddtree-16, is"
+        " weighted x0.895"
+    )
+
+
+def test_every_tree_refused_somewhere_leaves_the_chain() -> None:
+    out = tune_choose([measured("dflash", None, 100.0, 300.0), measured("ddtree", 64, 200.0, 150.0)], 0.05, BOTH)
+    assert out["winner"] == "dflash"
+    assert out["reason"] == (
+        "the chain (c=1 100.0, c=4 300.0 tok/s): every DDTree is more than the 5% margin slower than it at some"
+        " concurrency; ddtree-64, weighted x1.250, is refused: at concurrency 4 it is x0.500 the chain, more than"
+        " the 5% margin slower"
+    )
 
 
 def test_never_slower_than_the_chain_even_with_no_margin() -> None:
-    out = tune_choose([measured("dflash", None, 100.0, 1.0), measured("ddtree", 16, 90.0, 1.0)], 0.0, 1)
+    out = tune_choose([measured("dflash", None, 100.0, 1.0), measured("ddtree", 16, 90.0, 1.0)], 0.0, ONE)
     assert out["winner"] == "dflash"
 
 
@@ -156,44 +231,51 @@ def test_a_failed_candidate_is_never_chosen_and_keeps_its_reason() -> None:
             measured("ddtree", 32, 120.0, 1.0),
         ],
         0.05,
-        1,
+        ONE,
     )
     assert out["winner"] == "ddtree-32"
     row = out["rows"][1]
-    assert (row["name"], row["status"], row["tok_s"], row["vs_chain"], row["chosen"], row["note"]) == (
+    assert (row["name"], row["status"], row["levels"], row["vs_chain"], row["chosen"], row["note"]) == (
         "ddtree-64",
         "failed",
-        None,
+        [{"concurrency": 1, "tok_s": None, "acceptance": None, "vs_chain": None}],
         None,
         False,
         "vLLM did not become healthy: the unit failed",
     )
 
 
-def test_a_candidate_without_figures_at_the_concurrency_counts_as_failed() -> None:
+def test_a_candidate_without_figures_at_a_declared_concurrency_counts_as_failed() -> None:
     ok = measured("ddtree", 16, 500.0, 1.0)
-    ok["levels"] = ok["levels"][1:]
-    out = tune_choose([measured("dflash", None, 100.0, 1.0), ok], 0.05, 1)
+    ok["levels"] = ok["levels"][:1]
+    out = tune_choose([measured("dflash", None, 100.0, 100.0), ok], 0.05, BOTH)
     assert out["winner"] == "dflash"
-    assert out["reason"] == "the chain 100.0 tok/s at concurrency 1: no DDTree candidate passed its gates"
-    assert out["rows"][1]["note"] == "no figures at concurrency 1"
+    assert out["reason"] == "the chain (c=1 100.0, c=4 100.0 tok/s): no DDTree candidate passed its gates"
+    assert (out["rows"][1]["status"], out["rows"][1]["note"]) == ("failed", "no figures at concurrency 4")
 
 
-def test_without_a_chain_the_fastest_that_passed_serves_and_says_so() -> None:
+def test_without_a_chain_the_best_weighted_that_passed_serves_and_says_so() -> None:
     out = tune_choose(
-        [failed("dflash", None, "mean acceptance length 1.1 is under the floor"), measured("ddtree", 16, 80.0, 1.0)],
+        [
+            failed("dflash", None, "mean acceptance length 1.1 is under the floor"),
+            measured("ddtree", 16, 80.0, 300.0),
+            measured("ddtree", 32, 100.0, 200.0),
+        ],
         0.05,
-        1,
+        BOTH,
     )
+    # Over the fastest at each concurrency: ddtree-16 (0.8 + 1.0) / 2 = 0.9, ddtree-32 (1.0 + 0.667) / 2 = 0.833.
     assert out["winner"] == "ddtree-16"
     assert out["reason"] == (
-        "the DFlash chain failed its gates (mean acceptance length 1.1 is under the floor), so ddtree-16 serves as "
-        "the fastest candidate that passed (80.0 tok/s at concurrency 1), not compared with a chain"
+        "the DFlash chain failed its gates (mean acceptance length 1.1 is under the floor), so ddtree-16 serves as"
+        " the candidate that passed with the best weighted tok/s (c=1 80.0, c=4 300.0 tok/s), not compared with a"
+        " chain"
     )
+    assert [r["vs_chain"] for r in out["rows"]] == [None, None, None]
 
 
 def test_all_failed_has_no_winner() -> None:
-    out = tune_choose([failed("dflash", None, "dies"), failed("ddtree", 16, "never healthy")], 0.05, 1)
+    out = tune_choose([failed("dflash", None, "dies"), failed("ddtree", 16, "never healthy")], 0.05, ONE)
     assert (out["winner"], out["method"], out["budget"]) == (None, None, None)
     assert out["reason"] == "every candidate failed, so none serves (dflash: dies; ddtree-16: never healthy)"
 
@@ -202,9 +284,63 @@ def test_equal_trees_prefer_the_smaller_budget() -> None:
     out = tune_choose(
         [measured("dflash", None, 100.0, 1.0), measured("ddtree", 64, 120.0, 1.0), measured("ddtree", 32, 120.0, 1.0)],
         0.05,
-        1,
+        ONE,
     )
     assert out["winner"] == "ddtree-32"
+
+
+def test_the_default_traffic_is_fine() -> None:
+    traffic = [{"concurrency": 1, "weight": 1}, {"concurrency": 4, "weight": 1}, {"concurrency": 8, "weight": 1}]
+    assert tune_traffic_problems(traffic) == []
+    assert tune_traffic_problems([{"concurrency": 8, "weight": 0.5}, {"concurrency": 2, "weight": 3}]) == []
+    assert tune_traffic_levels([{"concurrency": 8, "weight": 0.5}, {"concurrency": 2, "weight": 3}]) == [2, 8]
+
+
+EXAMPLE = "[{concurrency: 1, weight: 1}, {concurrency: 8, weight: 2}]"
+
+
+@pytest.mark.parametrize(
+    ("traffic", "problem"),
+    [
+        ([], f"tune_traffic must be a non-empty list such as {EXAMPLE}, not '[]'"),
+        ({"concurrency": 1}, f"tune_traffic must be a non-empty list such as {EXAMPLE}, not \"{{'concurrency': 1}}\""),
+        ([8], "tune_traffic[0] is '8'; each entry is a mapping such as {concurrency: 8, weight: 2}"),
+        (
+            [{"concurrency": 0, "weight": 1}],
+            "tune_traffic[0] has concurrency 0; it must be a positive integer (requests in flight at once)",
+        ),
+        (
+            [{"concurrency": "4", "weight": 1}],
+            "tune_traffic[0] has concurrency '4'; it must be a positive integer (requests in flight at once)",
+        ),
+        (
+            [{"concurrency": True, "weight": 1}],
+            "tune_traffic[0] has concurrency True; it must be a positive integer (requests in flight at once)",
+        ),
+        (
+            [{"concurrency": 1, "weight": 0}],
+            "tune_traffic[0] has weight 0; it must be a number above 0 (how much that concurrency counts)",
+        ),
+        (
+            [{"concurrency": 1}],
+            "tune_traffic[0] has weight None; it must be a number above 0 (how much that concurrency counts)",
+        ),
+        (
+            [{"concurrency": 1, "weight": float("inf")}],
+            "tune_traffic[0] has weight inf; it must be a number above 0 (how much that concurrency counts)",
+        ),
+        (
+            [{"concurrency": 1, "weight": 1}, {"concurrency": 1, "weight": 2}],
+            "tune_traffic lists concurrency 1 more than once; give each concurrency one weight",
+        ),
+        (
+            [{"concurrency": 1, "weight": 1, "wieght": 2}],
+            "tune_traffic[0] has unknown key(s) wieght; only concurrency and weight are read",
+        ),
+    ],
+)
+def test_bad_traffic_is_named(traffic: object, problem: str) -> None:
+    assert tune_traffic_problems(traffic) == [problem]
 
 
 def test_the_digest_ignores_key_order_and_sees_every_change() -> None:
@@ -241,22 +377,22 @@ def test_with_ddtree_every_candidate_is_started() -> None:
 
 
 def test_the_chain_serves_when_no_ddtree_was_measured_and_says_why() -> None:
-    out = tune_choose([measured("dflash", None, 100.0, 1.0), skipped(16), skipped(32)], 0.05, 1)
+    out = tune_choose([measured("dflash", None, 100.0, 1.0), skipped(16), skipped(32)], 0.05, ONE)
     assert (out["winner"], out["budget"]) == ("dflash", None)
     assert out["reason"] == (
-        "the chain 100.0 tok/s at concurrency 1: no DDTree candidate was measured (not measured: DDTree is not "
+        "the chain (c=1 100.0 tok/s): no DDTree candidate was measured (not measured: DDTree is not "
         "available on this node: the target has Mamba layers (mamba2): trees need branch-local state)"
     )
     assert [r["status"] for r in out["rows"]] == ["ok", "skipped", "skipped"]
 
 
 def test_a_chain_only_list_says_it_lists_no_budget() -> None:
-    out = tune_choose([measured("dflash", None, 100.0, 1.0)], 0.05, 1)
-    assert out["reason"] == "the chain 100.0 tok/s at concurrency 1: tune_candidates lists no DDTree budget"
+    out = tune_choose([measured("dflash", None, 100.0, 1.0)], 0.05, ONE)
+    assert out["reason"] == "the chain (c=1 100.0 tok/s): tune_candidates lists no DDTree budget"
 
 
 def test_a_failed_chain_with_every_tree_skipped_has_no_winner() -> None:
-    out = tune_choose([failed("dflash", None, "dies"), skipped(16)], 0.05, 1)
+    out = tune_choose([failed("dflash", None, "dies"), skipped(16)], 0.05, ONE)
     assert out["winner"] is None
     assert out["reason"] == (
         "no candidate passed, so none serves (dflash: dies; ddtree-16: not measured: DDTree is not available on "
@@ -355,20 +491,25 @@ def test_the_plan_message_says_what_is_measured_and_why() -> None:
         "force": False,
         "tuned_before": True,
         "plan": PLAN,
-        "concurrency": [1, 2, 4],
-        "pick_concurrency": 1,
+        "traffic": [
+            {"concurrency": 1, "weight": 1},
+            {"concurrency": 4, "weight": 1},
+            {"concurrency": 8, "weight": 2.5},
+        ],
         "ddtree_unavailable": "",
         "digest": "ab" * 32,
         "choice": None,
     }
     assert tune_plan_message(what) == (
-        "Measuring dflash, ddtree-32 at concurrency 1, 2, 4 (inputs changed since the last tuning), each restarted"
-        " behind the swap's gates, then serve the fastest at concurrency 1."
+        "Measuring dflash, ddtree-32 at concurrency 1, 4, 8 (inputs changed since the last tuning), each restarted"
+        " behind the swap's gates, then serve the best weighted tok/s for the traffic (concurrency 1 (weight 1),"
+        " 4 (weight 1), 8 (weight 2.5))."
     )
     what.update(check_mode=True, force=True, plan={"measure": [{"method": "dflash"}]}, ddtree_unavailable=NO_TREE)
     assert tune_plan_message(what) == (
-        "Would measure dflash at concurrency 1, 2, 4 (tune_force), each restarted behind the swap's gates, then serve"
-        f" the fastest at concurrency 1. DDTree budgets not measured: {NO_TREE}."
+        "Would measure dflash at concurrency 1, 4, 8 (tune_force), each restarted behind the swap's gates, then serve"
+        " the best weighted tok/s for the traffic (concurrency 1 (weight 1), 4 (weight 1), 8 (weight 2.5))."
+        f" DDTree budgets not measured: {NO_TREE}."
     )
     what.update(force=False, tuned_before=False)
     assert "(never tuned)" in tune_plan_message(what)
