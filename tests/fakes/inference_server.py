@@ -40,8 +40,10 @@ engine, a section named after the engine ("vllm", "sglang") overrides them for t
     {"vllm": {"slow_start_s": 20}}      /health answers 503 for that many seconds first
 Speed knobs (roles/tune measures them; any of them set for an engine turns the measured figures off
 for it): `accept_share`, the share of the speculative tokens a draft
-gets accepted (default 0.35), and `step_cost`, how many times longer a target step takes (default
-1.0; a DDTree step verifies more tokens and costs more). A "methods" section inside the engine's
+gets accepted (default 0.35), `step_cost`, how many times longer a target step takes (default
+1.0; a DDTree step verifies more tokens and costs more), and `batch_step_cost`, how much longer a
+step gets per other request in flight (default 0.08; a DDTree step verifies concurrency x (budget +
+1) tokens, so under load its step grows faster than the chain's and a budget that wins alone loses). A "methods" section inside the engine's
 section overrides any knob for one speculative method, named as roles/tune names its candidates
 ("dflash", "ddtree-<budget>"), so one node can favour the chain and another a tree, or make one
 budget fail:
@@ -103,6 +105,7 @@ class Engine:
     lock: threading.Lock = field(default_factory=threading.Lock)
     in_flight: int = 0
     step_s: float = TARGET_STEP_S
+    batch_step_cost: float = BATCH_STEP_COST
 
     def check(self) -> None:
         if not Path(self.model_path, "config.json").is_file():
@@ -148,7 +151,7 @@ class Engine:
             while done < len(words):
                 with self.lock:
                     others = self.in_flight - 1
-                deadline += step_s * (1 + BATCH_STEP_COST * others)
+                deadline += step_s * (1 + self.batch_step_cost * others)
                 time.sleep(max(0.0, deadline - time.monotonic()))
                 step += 1
                 upto = min(len(words), max(done + 1, round(step * per_step)))
@@ -438,7 +441,7 @@ def load_knobs(engine: str) -> dict:
 
 
 # The speed knobs: any of them in force for an engine turns the measured figures off for it.
-SPEED_KNOBS = ("accept_share", "low_acceptance", "step_cost")
+SPEED_KNOBS = ("accept_share", "low_acceptance", "step_cost", "batch_step_cost")
 
 
 def replay_method(method_name: str) -> str:
@@ -493,6 +496,7 @@ def apply_knobs(engine: Engine, knobs: dict) -> dict:
         if not any(k in knobs for k in SPEED_KNOBS):
             engine.replay = load_replay(engine.method_name())
     engine.step_s = TARGET_STEP_S * float(knobs.get("step_cost", 1.0))
+    engine.batch_step_cost = float(knobs.get("batch_step_cost", BATCH_STEP_COST))
     return knobs
 
 

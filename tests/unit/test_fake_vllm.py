@@ -186,6 +186,46 @@ def test_speed_knobs_per_method(target, drafter):
     assert fake.apply_knobs(big, knobs)["die_at_start"] is True
 
 
+def _seconds_for(e, requests: int) -> float:
+    """Wall time of ``requests`` completions of 48 tokens served at once by the stand-in."""
+    import threading
+    import time
+
+    def one() -> None:
+        for _ in e.generate("a short prompt", 48):
+            pass
+
+    threads = [threading.Thread(target=one) for _ in range(requests)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.monotonic() - start
+
+
+def test_batch_step_cost_makes_a_method_slow_down_under_load(target, drafter):
+    """A tree's step grows faster with the requests in flight than the chain's: its rank can flip with load."""
+    tree = engine(
+        target,
+        *SCHEDULER,
+        "--speculative-config",
+        spec(method="ddtree", model=str(drafter), num_speculative_tokens=15, ddtree_budget=32),
+    )
+    knobs = {"methods": {"ddtree-32": {"accept_share": 0.35, "batch_step_cost": 0.6}}}
+    assert fake.apply_knobs(tree, knobs) == {"accept_share": 0.35, "batch_step_cost": 0.6}
+    assert (tree.batch_step_cost, tree.replay) == (0.6, None)
+    chain = engine(
+        target, *SCHEDULER, "--speculative-config", spec(method="dflash", model=str(drafter), num_speculative_tokens=15)
+    )
+    fake.apply_knobs(chain, {"methods": {"dflash": {"accept_share": 0.35}}})
+    assert chain.batch_step_cost == 0.08
+    # Alone both take the same steps; with 8 in flight each tree step is 1 + 0.6 x 7 = 5.2 steps long,
+    # each chain step 1 + 0.08 x 7 = 1.56.
+    assert _seconds_for(tree, 1) == pytest.approx(_seconds_for(chain, 1), rel=0.5)
+    assert _seconds_for(tree, 8) > 2 * _seconds_for(chain, 8)
+
+
 def test_accept_share_moves_the_acceptance_counters(target, drafter):
     e = engine(
         target, *SCHEDULER, "--speculative-config", spec(method="dflash", model=str(drafter), num_speculative_tokens=15)
