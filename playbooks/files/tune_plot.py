@@ -4,8 +4,9 @@
     tune_plot.py HOST.json HOST.png
 
 HOST.json is what roles/tune writes per host (reports/tune/<host>.json). One bar group per
-concurrency level, one bar per candidate that passed its gates; the chosen one is marked and the
-failed ones are named under the plot with their reasons. Prints one line for the play: where the
+concurrency the node declared (tune_traffic), one bar per candidate that passed its gates; the chosen
+one is marked, and the failed ones and those refused at a concurrency are named under the plot with
+their reasons. Prints one line for the play: where the
 plot is, or why it was not drawn. Without matplotlib (requirements.txt) the plot is skipped with
 a note and the exit status is still 0: the JSON holds every figure.
 """
@@ -45,6 +46,9 @@ def series(data: dict) -> tuple[list[int], list[tuple[str, list[float], bool]], 
             continue
         by_level = {lv["concurrency"]: figure(lv.get("throughput_tok_s")) for lv in result.get("levels") or []}
         bars.append((name, [by_level.get(c, 0.0) for c in levels], name == winner))
+        note = str(rows.get(name, {}).get("note") or "")
+        if note.startswith("refused"):
+            failed.append(f"{name}: {note}")
     return levels, bars, failed
 
 

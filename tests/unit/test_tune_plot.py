@@ -16,7 +16,11 @@ import tune_plot  # noqa: E402
 
 DATA = {
     "host": "n1",
-    "choice": {"winner": "ddtree-32", "reason": "ddtree-32 is x1.200 the chain", "rows": []},
+    "choice": {
+        "winner": "ddtree-16",
+        "reason": "ddtree-16 is weighted x1.100 the chain",
+        "rows": [{"name": "ddtree-32", "note": "refused: at concurrency 4 it is x0.933 the chain"}],
+    },
     "results": [
         {
             "method": "dflash",
@@ -39,8 +43,12 @@ DATA = {
 def test_series_has_the_measured_candidates_and_names_the_failed() -> None:
     assert tune_plot.series(DATA) == (
         [1, 4],
-        [("dflash", [500.0, 1500.0], False), ("ddtree-32", [600.0, 1400.0], True)],
-        ["failed: ddtree-64: vLLM did not become healthy", "ddtree-128: not measured: DDTree is not available"],
+        [("dflash", [500.0, 1500.0], False), ("ddtree-32", [600.0, 1400.0], False)],
+        [
+            "ddtree-32: refused: at concurrency 4 it is x0.933 the chain",
+            "failed: ddtree-64: vLLM did not become healthy",
+            "ddtree-128: not measured: DDTree is not available",
+        ],
     )
 
 
