@@ -55,6 +55,11 @@ def base_rules(vllm_version: str | None = None, engine_home: str | Path | None =
     return load_rules(engine_home or ENGINE_HOME, vllm_version)
 
 
+def ddtree_bases(engine_home: str | Path | None = None) -> list[str]:
+    """The vLLM releases the engine has a base for (a vllm-<release>/base.json each), oldest first."""
+    return releases(engine_home or ENGINE_HOME)
+
+
 def _names(kinds: list[str] | tuple[str, ...]) -> str:
     return " and ".join(dict.fromkeys(RECURRENT_LAYERS.get(k, k) for k in kinds))
 
@@ -276,4 +281,5 @@ class FilterModule:
             "ddtree_state_check": ddtree_state_check,
             "ddtree_cudagraph_sizes": ddtree_cudagraph_sizes,
             "ddtree_draft_slots": draft_slots,
+            "ddtree_bases": ddtree_bases,
         }

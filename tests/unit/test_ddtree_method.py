@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from ddtree_method import (
+    ddtree_bases,
     ddtree_cudagraph_sizes,
     ddtree_fallback_reason,
     ddtree_state_check,
@@ -294,3 +295,11 @@ def test_a_release_without_a_base_runs_the_chain_and_says_which_bases_exist(tmp_
 def test_the_repository_base_is_the_default() -> None:
     assert ddtree_cudagraph_sizes(3, 16, 8192, vllm_version="0.20.1") == ddtree_cudagraph_sizes(3, 16, 8192)
     assert ddtree_fallback_reason(qwen36(), "0.20.1+cu130") == ""
+
+
+def test_the_bases_are_listed_oldest_first(tmp_path: Path) -> None:
+    synthetic_base(tmp_path, "9.10.0")
+    synthetic_base(tmp_path, "9.9.9")
+    (tmp_path / "vllm-9.11.0").mkdir()  # a folder without a descriptor is no base
+    assert ddtree_bases(tmp_path) == ["9.9.9", "9.10.0"]
+    assert ddtree_bases() == ["0.20.1"]
