@@ -5,25 +5,25 @@ added files it names), and ``base.json``, which says as data what the rest of th
 about that release: the manifest's digest (what the ddtree_patch role consumes), what the change set
 fixes there (what vllm_install's release check is told), the request features DDTree refuses on it,
 which recurrent layers get branch-local tree state, and its scheduler and CUDA-graph rules. Adding a
-base is adding its folder; nothing outside it names a release.
+base is adding its folder; nothing outside it names a release. Reading and checking a descriptor is
+module_utils/ddtree_base.py's, which the Ansible side's filters use too.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
-from ddtree import HOME
+from ddtree import HOME, repo
 
-DESCRIPTOR = "base.json"
+_base = repo.module_util("ddtree_base")
+DESCRIPTOR = _base.DESCRIPTOR
 
 
 def releases() -> list[str]:
     """Every release with a base folder here, oldest first."""
-    found = [p.parent.name.removeprefix("vllm-") for p in HOME.glob(f"vllm-*/{DESCRIPTOR}")]
-    return sorted(found, key=lambda v: tuple(int(x) for x in v.split(".")))
+    return _base.releases(HOME)
 
 
 def folder(release: str) -> Path:
@@ -31,11 +31,13 @@ def folder(release: str) -> Path:
 
 
 def load(release: str) -> dict[str, Any]:
-    """The descriptor of ``release``; KeyError naming the known ones when there is none."""
-    path = folder(release) / DESCRIPTOR
-    if not path.is_file():
-        raise KeyError(f"no vLLM base {release} in {HOME} (there are: {', '.join(releases()) or 'none'})")
-    return json.loads(path.read_text(encoding="utf-8"))
+    """The descriptor of ``release``; ValueError naming the known ones when there is none."""
+    return _base.load(HOME, release)
+
+
+def rules(release: str):
+    """The rules the Ansible side computes with (module_utils/ddtree_base.py BaseRules), checked."""
+    return _base.load_rules(HOME, release)
 
 
 def manifest_sha256(release: str) -> str:

@@ -43,9 +43,18 @@ options:
   patch_fixes:
     description:
       - What ddtree_patch's change set fixes in this release (C(aux_layer_offset), C(sliding_drafter),
-        C(ddtree)). Defaults to the project's own change sets when O(ddtree_patch) is true.
+        C(ddtree), C(hybrid_tree)), as the C(fixes) of its base descriptor ddtree/vllm-<release>/base.json
+        list them (vllm_install passes them). Counted only when O(ddtree_patch) is true.
     type: list
     elements: str
+    default: []
+  ddtree_bases:
+    description:
+      - The vLLM releases ddtree_patch has a change set for (one ddtree/vllm-<release>/ folder each), offered
+        as a fix in refusals.
+    type: list
+    elements: str
+    default: []
   num_speculative_tokens:
     description: Draft tokens per step, where known.
     type: int
@@ -65,6 +74,8 @@ EXAMPLES = r"""
     hybrid_target: true
     sliding_drafter: true
     ddtree_patch: true
+    patch_fixes: [aux_layer_offset, sliding_drafter, ddtree, hybrid_tree]
+    ddtree_bases: ["0.20.1"]
 
 - name: Only report (check mode changes nothing either way)
   vllm_release_check:
@@ -129,7 +140,6 @@ from ansible.module_utils.vllm_releases import (
     find_release,
     notes,
     parse_version,
-    patch_fixes_for,
     refusals,
     warnings,
 )
@@ -140,7 +150,8 @@ ARGUMENT_SPEC = {
     "hybrid_target": {"type": "bool", "default": False},
     "sliding_drafter": {"type": "bool", "default": False},
     "ddtree_patch": {"type": "bool", "default": False},
-    "patch_fixes": {"type": "list", "elements": "str"},
+    "patch_fixes": {"type": "list", "elements": "str", "default": []},
+    "ddtree_bases": {"type": "list", "elements": "str", "default": []},
     "num_speculative_tokens": {"type": "int"},
     "allow_unknown": {"type": "bool", "default": False},
 }
@@ -152,16 +163,18 @@ def build_module() -> AnsibleModule:
 
 def run(module: AnsibleModule) -> None:
     p = module.params
-    if p["patch_fixes"] is not None:
-        unknown = sorted(set(p["patch_fixes"]) - set(PATCH_FIXES))
-        if unknown:
-            module.fail_json(
-                msg=f"patch_fixes names {', '.join(unknown)}, which ddtree_patch does not fix; "
-                f"use only {', '.join(PATCH_FIXES)}"
-            )
-        fixes = frozenset(p["patch_fixes"]) if p["ddtree_patch"] else frozenset()
-    else:
-        fixes = patch_fixes_for(p["version"], p["ddtree_patch"])
+    unknown = sorted(set(p["patch_fixes"]) - set(PATCH_FIXES))
+    if unknown:
+        module.fail_json(
+            msg=f"patch_fixes names {', '.join(unknown)}, which ddtree_patch does not fix; "
+            f"use only {', '.join(PATCH_FIXES)}"
+        )
+    for base in p["ddtree_bases"]:
+        try:
+            parse_version(base)
+        except ValueError as exc:
+            module.fail_json(msg=f"ddtree_bases names {base!r}: {exc}")
+    fixes = frozenset(p["patch_fixes"]) if p["ddtree_patch"] else frozenset()
     if p["num_speculative_tokens"] is not None and p["num_speculative_tokens"] < 1:
         module.fail_json(msg=f"num_speculative_tokens is {p['num_speculative_tokens']}; it must be at least 1")
     findings = evaluate(
@@ -171,6 +184,7 @@ def run(module: AnsibleModule) -> None:
             hybrid_target=p["hybrid_target"],
             sliding_drafter=p["sliding_drafter"],
             patch_fixes=fixes,
+            patch_releases=tuple(p["ddtree_bases"]),
             num_speculative_tokens=p["num_speculative_tokens"],
             allow_unknown=p["allow_unknown"],
         )

@@ -34,14 +34,9 @@ FIX_DDTREE = "ddtree"
 FIX_HYBRID_TREE = "hybrid_tree"  # branch-local Gated DeltaNet state, so trees run on hybrids
 PATCH_FIXES = (FIX_AUX_LAYER_OFFSET, FIX_SLIDING_DRAFTER, FIX_DDTREE, FIX_HYBRID_TREE)
 
-# ddtree_patch's change sets: release -> what it fixes there. Only 0.20.1 has one (the last
-# release with tree attention).
-PROJECT_PATCHES: dict[str, tuple[str, ...]] = {
-    # Measured on an H200 (docs/ddtree_patch.md): with the 0.20.1 change set, sliding-window
-    # drafter layers run causal over their window, and DDTree on a Gated DeltaNet hybrid target
-    # (Qwen3.5/3.6) is token-for-token identical to the target alone.
-    "0.20.1": (FIX_AUX_LAYER_OFFSET, FIX_SLIDING_DRAFTER, FIX_DDTREE, FIX_HYBRID_TREE),
-}
+# Which releases ddtree_patch has a change set for, and what each fixes, are the DDTree engine's
+# base descriptors (ddtree/vllm-<release>/base.json "fixes"), not this table: the caller passes them
+# (Request.patch_releases and patch_fixes; vllm_install reads them on the controller).
 
 LEVEL_REFUSE = "refuse"
 LEVEL_WARN = "warn"
@@ -297,8 +292,11 @@ class Request:
     method: str
     hybrid_target: bool
     sliding_drafter: bool
-    # Fixes this project's ddtree_patch change set will apply to this release (empty: none).
+    # Fixes this project's ddtree_patch change set will apply to this release (empty: none), from its
+    # base descriptor.
     patch_fixes: frozenset[str] = field(default_factory=frozenset)
+    # The releases ddtree_patch has a change set for (the engine's bases), offered in refusals.
+    patch_releases: tuple[str, ...] = ()
     num_speculative_tokens: int | None = None
     allow_unknown: bool = False
 
@@ -313,12 +311,16 @@ class Finding:
         return {"level": self.level, "code": self.code, "message": self.message}
 
 
-def patch_fixes_for(version: str, enabled: bool) -> frozenset[str]:
-    """What ddtree_patch will fix in ``version`` when it runs (``enabled``), from PROJECT_PATCHES."""
-    if not enabled:
-        return frozenset()
-    base = version.split("+", 1)[0].strip()
-    return frozenset(PROJECT_PATCHES.get(base, ()))
+def patched(req: Request) -> str:
+    """The releases ddtree_patch has a change set for, as a choice to offer: "0.20.1 with ddtree_patch"
+    ('' when it has none)."""
+    return f"{' or '.join(req.patch_releases)} with ddtree_patch" if req.patch_releases else ""
+
+
+def _choices(*options: str) -> str:
+    """Options in order, the empty ones left out: "a, or b", "a, b, or c"."""
+    kept = [o for o in options if o]
+    return kept[0] if len(kept) == 1 else ", ".join(kept[:-1]) + ", or " + kept[-1]
 
 
 def _refuse(code: str, message: str) -> Finding:
@@ -355,8 +357,8 @@ def evaluate(req: Request) -> list[Finding]:
                     "unknown-release",
                     f"vLLM {req.version} is not in this project's release knowledge base (it knows "
                     f"{known}), so nothing is known about its DFlash support; pick a known release "
-                    "(0.20.1 with ddtree_patch for DDTree, 0.30.0 or later for the DFlash chain) or "
-                    "read that release's wheel and add a row to module_utils/vllm_releases.py",
+                    f"({', '.join(o for o in (patched(req) and patched(req) + ' for DDTree', '0.30.0 or later for the DFlash chain') if o)}) "
+                    "or read that release's wheel and add a row to module_utils/vllm_releases.py",
                 )
             ]
         return [
@@ -377,28 +379,33 @@ def evaluate(req: Request) -> list[Finding]:
             _refuse(
                 "no-dflash",
                 f"vLLM {vtext} has no DFlash (it arrived in 0.20.0), so neither the DFlash chain "
-                "nor DDTree can run; pick 0.20.1 with ddtree_patch, or 0.30.0 or later for the chain",
+                f"nor DDTree can run; pick {_choices(patched(req), '0.30.0 or later for the chain')}",
             )
         )
         return findings
 
     if req.method == METHOD_DDTREE and FIX_DDTREE not in fixes:
-        if vtext.split("+", 1)[0] in PROJECT_PATCHES:
+        covered = " or ".join(req.patch_releases) or "no release"
+        if vtext.split("+", 1)[0] in req.patch_releases:
             why = f"DDTree is in no vLLM release and ddtree_patch, which adds it to {vtext}, is switched off"
             fix = "enable ddtree_patch, or ask for method dflash"
         elif row.tree_attention:
             why = (
                 f"DDTree is in no vLLM release and this project's ddtree_patch has a change set "
-                f"for 0.20.1 only, not for {vtext}"
+                f"for {covered} only, not for {vtext}"
             )
-            fix = "pick 0.20.1 (with ddtree_patch), or ask for method dflash"
+            fix = _choices(
+                patched(req) and f"pick {' or '.join(req.patch_releases)} (with ddtree_patch)", "ask for method dflash"
+            )
         else:
             why = (
                 f"DDTree is in no vLLM release, {vtext} has no tree attention to build it on "
                 "(removed in 0.21.0, vllm-project/vllm#42121), and this project's ddtree_patch "
-                "covers 0.20.1 only"
+                f"covers {covered} only"
             )
-            fix = "pick 0.20.1 (with ddtree_patch), or ask for method dflash"
+            fix = _choices(
+                patched(req) and f"pick {' or '.join(req.patch_releases)} (with ddtree_patch)", "ask for method dflash"
+            )
         findings.append(_refuse("ddtree-unavailable", f"{why}; {fix}"))
 
     if row.aux_offset_fixed is False:
@@ -417,7 +424,7 @@ def evaluate(req: Request) -> list[Finding]:
                     "aux-layer-offset",
                     f"vLLM {vtext} feeds the DFlash drafter one target layer too early, which "
                     "silently lowers acceptance (fixed upstream in 0.22.0, vllm-project/vllm#40727); "
-                    "pick 0.22.0 or later, or 0.20.1 with ddtree_patch, which fixes it",
+                    f"pick {_choices('0.22.0 or later', patched(req) and patched(req) + ', which fixes it')}",
                 )
             )
 
@@ -438,9 +445,12 @@ def evaluate(req: Request) -> list[Finding]:
                         "sliding-drafter-silent-full",
                         f"vLLM {vtext} silently runs this drafter's sliding-window layers as full "
                         "non-causal attention, which collapses acceptance without an error "
-                        "(vllm-project/vllm#40898); pick 0.20.1 with ddtree_patch (which runs them "
-                        "causal over their window), 0.26.0 or later (DFlash chain only), or a drafter "
-                        "whose layers are all full attention",
+                        "(vllm-project/vllm#40898); pick "
+                        + _choices(
+                            patched(req) and patched(req) + " (which runs them causal over their window)",
+                            "0.26.0 or later (DFlash chain only)",
+                            "a drafter whose layers are all full attention",
+                        ),
                     )
                 )
         elif row.sliding == SLIDING_REFUSES:
@@ -449,7 +459,7 @@ def evaluate(req: Request) -> list[Finding]:
                     "sliding-drafter-refused",
                     f"vLLM {vtext} refuses drafters with mixed sliding/full layers at start "
                     "(NotImplementedError, vllm-project/vllm#40898), after the target has loaded; "
-                    "pick 0.26.0 or later, or 0.20.1 with ddtree_patch",
+                    f"pick {_choices('0.26.0 or later', patched(req))}",
                 )
             )
         elif row.sliding == SLIDING_V2_RUNNER:

@@ -2,9 +2,9 @@
 
 The descriptor is what the roles read (ddtree_patch: the manifest digest it consumes; vllm_install:
 what the change set fixes); these tests keep it true to the manifest beside it, to the release
-knowledge base's fix names, and to the rules the Ansible side still computes in code (the scheduler's
-draft slots and the CUDA-graph sizes in plugins/filter/ddtree_method.py), so a base whose rules differ
-fails here until that code learns them.
+knowledge base's fix names, and readable as the rules the Ansible side computes with
+(module_utils/ddtree_base.py, which plugins/filter/ddtree_method.py reads: a base whose rules differ
+needs no code there, tests/unit/test_ddtree_method.py proves it on a synthetic base).
 """
 
 from __future__ import annotations
@@ -39,23 +39,25 @@ def test_the_fixes_are_ones_the_release_check_knows(release: str) -> None:
     releases = repo.module_util("vllm_releases")
     fixes = bases.load(release)["fixes"]
     assert set(fixes) <= set(releases.PATCH_FIXES)
-    # vllm_release_check's own default, used only where no role passes patch_fixes, agrees where it
-    # names the release (vllm_install passes the descriptor's, so a new base needs no entry there).
-    if release in releases.PROJECT_PATCHES:
-        assert releases.patch_fixes_for(release, enabled=True) == frozenset(fixes)
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_the_scheduler_and_graph_rules_are_the_ones_service_swap_renders(release: str) -> None:
+def test_the_rules_read_and_are_the_ones_service_swap_renders(release: str) -> None:
+    rules = bases.rules(release)
+    assert rules.release == release
     method = repo.repo_file("plugins/filter/ddtree_method.py")
-    base = bases.load(release)
-    assert base["scheduler"]["draft_slots_per_sequence"] == "verified_tokens - 1"
-    assert method.draft_slots(4, 16) == 4 * 15
-    assert base["cudagraphs"]["tokens_per_request"] == "verified_tokens + 1"
-    assert method.ddtree_cudagraph_sizes(3, 16, 8192) == [17, 34, 51]
-    assert base["cudagraphs"]["max_sizes"] == method.MAX_GRAPH_SIZES
-    assert base["tree_state"]["layers"] == [method.GDN]
-    assert base["tree_state"]["conv_width"] == method.GDN_CONV_WIDTH
+    assert method.draft_slots(4, 16, vllm_version=release) == 4 * rules.draft_slots(16)
+    q = rules.graph_tokens(16)
+    assert method.ddtree_cudagraph_sizes(3, 16, 8192, vllm_version=release) == [q, 2 * q, 3 * q]
+
+
+def test_the_0_20_1_rules_are_what_vllm_0_20_1_does() -> None:
+    # Written out from vLLM 0.20.1's code (VllmConfig._set_max_num_scheduled_tokens, the GDN state's
+    # float32 and bf16 caches), not from the descriptor under test.
+    rules = bases.rules("0.20.1")
+    assert rules.tree_layers == ("linear_attention",)
+    assert (rules.conv_width, rules.recurrent_bytes, rules.conv_bytes) == (4, 4, 2)
+    assert (rules.draft_slots(16), rules.graph_tokens(16), rules.max_graph_sizes) == (15, 17, 512)
 
 
 def test_the_gpu_proof_probes_the_refusals_the_base_lists() -> None:
@@ -66,5 +68,5 @@ def test_the_gpu_proof_probes_the_refusals_the_base_lists() -> None:
 
 
 def test_an_unknown_release_is_named_with_the_known_ones() -> None:
-    with pytest.raises(KeyError, match=r"no vLLM base 0\.26\.0 in .* \(there are: 0\.20\.1\)"):
+    with pytest.raises(ValueError, match=r"no base for vLLM 0\.26\.0 \(.* does not exist; bases: 0\.20\.1\)"):
         bases.load("0.26.0")

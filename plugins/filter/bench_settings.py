@@ -2,7 +2,8 @@
 
 Which settings are unusable (one sentence each), the concurrency levels an operator gave (a list,
 or a string such as "1,2,4" from -e), which engine to benchmark (the setting, the local fact
-service_swap left, or what answers on vLLM's port), and the argv of the report script.
+service_swap left, or what answers on vLLM's port), the argv of the report script, and the line
+that shows a run's figures.
 """
 
 from __future__ import annotations
@@ -70,6 +71,46 @@ def bench_report_argv(
     return argv
 
 
+def _figure(value: Any) -> str:
+    return "-" if value in (None, "") else str(value)
+
+
+def bench_figures_line(
+    summary: Mapping[str, Any],
+    host: str,
+    label: str,
+    engine: str,
+    concurrency: Sequence[int],
+    comparison: Mapping[str, Any] | None,
+    baseline_label: str,
+    files: str,
+) -> str:
+    """What the run measured, in one line: the single request's tok/s and TTFT, the peak throughput over the
+    sweep, the mean acceptance length; with a comparison (bench_report.py's JSON), each ratio to the baseline
+    and whether the settings differ (then the figures are not comparable); and where the files are."""
+    acceptance = summary.get("mean_acceptance_length")
+    line = (
+        f"{host} {label} ({engine}): single request {_figure(summary.get('single_request_tok_s'))} tok/s, "
+        f"TTFT p50 {_figure(summary.get('single_request_ttft_ms'))} ms, "
+        f"peak {summary.get('peak_throughput_tok_s')} tok/s (sweep {', '.join(str(c) for c in sorted(concurrency))}), "
+        f"mean acceptance length {acceptance if acceptance not in (None, '') else 'none (no spec-decode counters)'}."
+    )
+    if comparison is not None:
+        ratios = comparison.get("summary") or {}
+
+        def ratio(key: str) -> str:
+            entry = ratios.get(key)
+            return _figure(entry.get("ratio") if isinstance(entry, Mapping) else None)
+
+        differ = comparison.get("settings_differ") or []
+        caveat = f" (NOT comparable: {', '.join(differ)} differ)" if differ else ""
+        line += (
+            f" Against {baseline_label}: single request x{ratio('single_request_tok_s')}, "
+            f"TTFT x{ratio('single_request_ttft_ms')}, peak throughput x{ratio('peak_throughput_tok_s')}{caveat}."
+        )
+    return f"{line} Files: {files}.{{json,png}}"
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -77,4 +118,5 @@ class FilterModule:
             "bench_setting_problems": bench_setting_problems,
             "bench_engine": bench_engine,
             "bench_report_argv": bench_report_argv,
+            "bench_figures_line": bench_figures_line,
         }

@@ -1,10 +1,15 @@
-"""Whether ddtree_patch's change set can verify trees on a target, from the target's config.json.
+"""Whether ddtree_patch's change set can verify trees on a target, and the rules of the vLLM base it runs on.
 
-Trees need branch-local recurrent state on targets with recurrent layers. The vLLM 0.20.1 change
-set gives it to Gated DeltaNet layers with a width-4 convolution (Qwen3.5/3.6, Qwen3-Next): each
-tree node continues its parent's state. Mamba layers have none, so those targets run the DFlash
-chain. The same rule is in the change set itself (vllm/config/speculative.py), which vLLM applies
-at start; this copy lets the role say so before anything is started.
+Trees need branch-local recurrent state on targets with recurrent layers. Which recurrent layers get
+it (and at which convolution width), the bytes of that state, the scheduler's draft slots and the
+CUDA-graph sizes are rules of the vLLM base (one release with the engine's change set for it), read
+from its descriptor ddtree/vllm-<release>/base.json (module_utils/ddtree_base.py): a target with
+other recurrent layers runs the DFlash chain. The same rules are in the change set itself, which
+vLLM applies at start; the descriptor lets the roles say so before anything is started. Adding a
+base is adding its folder, not changing this file.
+
+Each filter takes the vLLM release (``vllm_version``; without it, the engine's sole base) and
+``engine_home`` (the folder holding the bases; the repository's ddtree/ by default).
 """
 
 from __future__ import annotations
@@ -21,9 +26,9 @@ for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(Path(__file__).resolve().pa
     if os.path.isdir(_p) and _p not in ansible.module_utils.__path__:
         ansible.module_utils.__path__.append(_p)
 
+from ansible.module_utils.ddtree_base import BaseRules, NoBaseError, load_rules, release_of, releases
 from ansible.module_utils.target_config import (
     GDN,
-    GDN_CONV_WIDTH,
     MAX_TOTAL_SIZE,
     TargetConfigError,
     gdn_shape,
@@ -33,16 +38,30 @@ from ansible.module_utils.target_config import (
     setting,
 )
 
-MAMBA = ("mamba", "mamba2")
+# The DDTree engine's home: one vllm-<release>/ folder (with its base.json) per base.
+ENGINE_HOME = Path(__file__).resolve().parents[2] / "ddtree"
+# Recurrent layer kinds of published models (config.json layer_types or layers_block_type), by the
+# name a message gives them; which of them get tree state is the base's rule.
+RECURRENT_LAYERS = {GDN: "Gated DeltaNet", "mamba": "Mamba", "mamba2": "Mamba"}
 # A budget, a batch, a tensor-parallel size and a GPU's MiB beyond these are no setting of a real node.
 MAX_BUDGET = 4096
 MAX_SEQS = 65536
 MAX_TP = 1024
 MAX_GPU_MIB = 2**24
-# Bytes per element of vLLM 0.20.1's Gated DeltaNet state: the recurrent state in float32, the
-# convolution window in the model's dtype (bf16).
-_SSM_BYTES = 4
-_CONV_BYTES = 2
+
+
+def base_rules(vllm_version: str | None = None, engine_home: str | Path | None = None) -> BaseRules:
+    """The rules of ``vllm_version``'s base (the sole base without one); BaseError says what is missing."""
+    return load_rules(engine_home or ENGINE_HOME, vllm_version)
+
+
+def ddtree_bases(engine_home: str | Path | None = None) -> list[str]:
+    """The vLLM releases the engine has a base for (a vllm-<release>/base.json each), oldest first."""
+    return releases(engine_home or ENGINE_HOME)
+
+
+def _names(kinds: list[str] | tuple[str, ...]) -> str:
+    return " and ".join(dict.fromkeys(RECURRENT_LAYERS.get(k, k) for k in kinds))
 
 
 def _text_config(config: Any) -> Mapping[str, Any]:
@@ -77,28 +96,42 @@ def target_is_hybrid(config: Any) -> bool:
         return False
 
 
-def ddtree_fallback_reason(config: Mapping[str, Any], vllm_version: str) -> str:
-    """'' when DDTree can verify trees on this target; else why the DFlash chain runs."""
+def ddtree_fallback_reason(config: Mapping[str, Any], vllm_version: str, engine_home: str | Path | None = None) -> str:
+    """'' when DDTree can verify trees on this target with ``vllm_version``'s base; else why the DFlash chain runs."""
+    try:
+        base = base_rules(vllm_version, engine_home)
+    except NoBaseError:
+        known = ", ".join(releases(engine_home or ENGINE_HOME)) or "none"
+        return (
+            f"this project's DDTree change set has no base for vLLM {release_of(vllm_version)} (it has: {known}), "
+            "so the DFlash chain runs"
+        )
     text = _text_config(config)
     kinds = _layer_kinds(text)
-    mamba = sorted({k for k in kinds if k in MAMBA})
-    if mamba:
+    other = sorted({k for k in kinds if k in RECURRENT_LAYERS and k not in base.tree_layers})
+    if other:
         return (
-            f"the target has Mamba layers ({', '.join(mamba)}): trees need branch-local state, which "
-            f"this project's change set for vLLM {vllm_version} gives only to Gated DeltaNet layers, "
+            f"the target has {_names(other)} layers ({', '.join(other)}): trees need branch-local state, which "
+            f"this project's change set for vLLM {vllm_version} gives only to {_names(base.tree_layers)} layers, "
             "so the DFlash chain runs"
         )
     width = text.get("linear_conv_kernel_dim")
-    if GDN in kinds and width != GDN_CONV_WIDTH:
+    if GDN in kinds and width != base.conv_width:
         return (
             f"the target's Gated DeltaNet layers convolve over {width!r} tokens: the change set's tree "
-            f"state covers a width of {GDN_CONV_WIDTH} (Qwen3.5/3.6), so the DFlash chain runs"
+            f"state covers a width of {base.conv_width} (Qwen3.5/3.6), so the DFlash chain runs"
         )
     return ""
 
 
-def recurrent_state_bytes(config: Mapping[str, Any], config_path: str = "config.json") -> int:
-    """Bytes of one state slot across the target's Gated DeltaNet layers (unsharded).
+def recurrent_state_bytes(
+    config: Mapping[str, Any],
+    config_path: str = "config.json",
+    vllm_version: str | None = None,
+    engine_home: str | Path | None = None,
+) -> int:
+    """Bytes of one state slot across the target's Gated DeltaNet layers (unsharded), at the base's bytes
+    per element (vLLM 0.20.1: the recurrent state in float32, the convolution window in bf16).
 
     A DDTree step keeps budget + 1 slots per request (one per verified row).
     Qwen3.6-27B: 48 layers x (48 x 128 x 128 float32 + 10240 x 3 bf16) = about 147 MiB.
@@ -107,11 +140,12 @@ def recurrent_state_bytes(config: Mapping[str, Any], config_path: str = "config.
     shape = gdn_shape(config, config_path)
     if not shape.layers:
         return 0
-    ssm = shape.value_heads * shape.value_head_dim * shape.key_head_dim * _SSM_BYTES
+    base = base_rules(vllm_version, engine_home)
+    ssm = shape.value_heads * shape.value_head_dim * shape.key_head_dim * base.recurrent_bytes
     conv = (
         (2 * shape.key_heads * shape.key_head_dim + shape.value_heads * shape.value_head_dim)
         * (shape.conv_width - 1)
-        * _CONV_BYTES
+        * base.conv_bytes
     )
     return shape.layers * (ssm + conv)
 
@@ -131,6 +165,8 @@ def ddtree_state_check(
     index: Any = None,
     config_path: str = "config.json",
     index_path: str = "model.safetensors.index.json",
+    vllm_version: str | None = None,
+    engine_home: str | Path | None = None,
 ) -> dict[str, str]:
     """Whether the tree's recurrent state fits: ``{"refuse": ..., "warn": ...}`` (empty strings if fine).
 
@@ -146,7 +182,7 @@ def ddtree_state_check(
     (``config_path``, ``index_path``), never a raw exception or a check turned off (issue 43).
     """
     try:
-        slot = recurrent_state_bytes(config, config_path)
+        slot = recurrent_state_bytes(config, config_path, vllm_version, engine_home)
         if slot == 0:
             return {"refuse": "", "warn": ""}
         weights = index_total_size(index, index_path) if index not in (None, {}) else None
@@ -186,24 +222,28 @@ def ddtree_state_check(
     return {"refuse": "", "warn": ""}
 
 
-# More CUDA graphs than this per engine make start-up long for little gain; past it, set
-# service_swap_max_cudagraph_capture_size instead.
-MAX_GRAPH_SIZES = 512
-
-
-def draft_slots(max_num_seqs: Any, verify_tokens: Any) -> int:
-    """Batched-token slots vLLM 0.20.1's scheduler reserves for drafting: verify_tokens - 1 per
-    sequence. vLLM refuses to start unless max_num_batched_tokens exceeds them (service_swap's
+def draft_slots(
+    max_num_seqs: Any, verify_tokens: Any, vllm_version: str | None = None, engine_home: str | Path | None = None
+) -> int:
+    """Batched-token slots the base's scheduler reserves for drafting (vLLM 0.20.1: verify_tokens - 1 per
+    sequence). vLLM refuses to start unless max_num_batched_tokens exceeds them (service_swap's
     preflight says so first), and they bound how many requests one verification step holds."""
-    return int(max_num_seqs) * (int(verify_tokens) - 1)
+    return int(max_num_seqs) * base_rules(vllm_version, engine_home).draft_slots(int(verify_tokens))
 
 
-def ddtree_cudagraph_sizes(max_num_seqs: int, verify_tokens: int, max_num_batched_tokens: int) -> list[int]:
+def ddtree_cudagraph_sizes(
+    max_num_seqs: int,
+    verify_tokens: int,
+    max_num_batched_tokens: int,
+    vllm_version: str | None = None,
+    engine_home: str | Path | None = None,
+) -> list[int]:
     """The CUDA-graph sizes that give every uniform DDTree verification batch its own full graph:
-    ``[q, 2q, ..., n q]`` with ``q = verify_tokens + 1`` tokens per request (the budget and the root)
-    and ``n`` the most requests the scheduler can put in one step (max_num_seqs, and the batched
-    tokens left after the (verify_tokens - 1) draft slots it reserves per sequence). Empty when no
-    uniform batch fits.
+    ``[q, 2q, ..., n q]`` with ``q`` the tokens per request in the base's graphs (vLLM 0.20.1:
+    verify_tokens + 1, the budget and the root) and ``n`` the most requests the scheduler can put in
+    one step (max_num_seqs, and the batched tokens left after the draft slots it reserves per
+    sequence). Empty when no uniform batch fits; more requests than the base's max_sizes graphs are
+    refused (start-up grows long for little gain: set service_swap_max_cudagraph_capture_size instead).
 
     vLLM 0.20.1 pads a decode batch up to the next captured size and makes full decode graphs only
     up to ``max_num_seqs x q``, from sizes on its own grid (multiples of 8, of 16 from 256) rounded
@@ -220,11 +260,12 @@ def ddtree_cudagraph_sizes(max_num_seqs: int, verify_tokens: int, max_num_batche
     seqs, verify, tokens = (int(str(v).strip()) for v in values)
     if seqs < 1 or verify < 1:
         return []
-    query_len = verify + 1
-    requests = min(seqs, (tokens - draft_slots(seqs, verify)) // query_len)
-    if requests > MAX_GRAPH_SIZES:
+    base = base_rules(vllm_version, engine_home)
+    query_len = base.graph_tokens(verify)
+    requests = min(seqs, (tokens - seqs * base.draft_slots(verify)) // query_len)
+    if requests > base.max_graph_sizes:
         raise ValueError(
-            f"{requests} requests per step would need {requests} CUDA graphs (more than {MAX_GRAPH_SIZES}): lower "
+            f"{requests} requests per step would need {requests} CUDA graphs (more than {base.max_graph_sizes}): lower "
             "service_swap_max_num_seqs, or set service_swap_max_cudagraph_capture_size to a number of tokens"
         )
     return [k * query_len for k in range(1, requests + 1)]
@@ -240,4 +281,5 @@ class FilterModule:
             "ddtree_state_check": ddtree_state_check,
             "ddtree_cudagraph_sizes": ddtree_cudagraph_sizes,
             "ddtree_draft_slots": draft_slots,
+            "ddtree_bases": ddtree_bases,
         }

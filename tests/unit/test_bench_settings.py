@@ -1,7 +1,13 @@
 """playbooks/bench.yml's decisions (plugins/filter/bench_settings.py)."""
 
 import pytest
-from bench_settings import bench_concurrency, bench_engine, bench_report_argv, bench_setting_problems
+from bench_settings import (
+    bench_concurrency,
+    bench_engine,
+    bench_figures_line,
+    bench_report_argv,
+    bench_setting_problems,
+)
 
 
 @pytest.mark.parametrize(
@@ -62,3 +68,41 @@ def test_the_report_argv_compares_only_with_a_baseline() -> None:
         "--compare-out",
         "/out/h/vllm-vs-baseline.json",
     ]
+
+
+SUMMARY = {
+    "single_request_tok_s": 61.2,
+    "single_request_ttft_ms": 48.0,
+    "peak_throughput_tok_s": 180.4,
+    "mean_acceptance_length": 3.1,
+}
+
+
+def test_the_figures_line_without_a_baseline() -> None:
+    line = bench_figures_line(
+        {**SUMMARY, "mean_acceptance_length": None},
+        "n1",
+        "sglang",
+        "sglang",
+        [4, 1, 2],
+        None,
+        "baseline",
+        "/r/n1/sglang",
+    )
+    assert line == (
+        "n1 sglang (sglang): single request 61.2 tok/s, TTFT p50 48.0 ms, peak 180.4 tok/s (sweep 1, 2, 4), "
+        "mean acceptance length none (no spec-decode counters). Files: /r/n1/sglang.{json,png}"
+    )
+
+
+def test_the_figures_line_against_a_baseline_says_when_settings_differ() -> None:
+    comparison = {
+        "summary": {"single_request_tok_s": {"ratio": 1.8}, "peak_throughput_tok_s": {"ratio": 1.4}},
+        "settings_differ": ["max_tokens", "prompt_set_sha256"],
+    }
+    line = bench_figures_line(SUMMARY, "n1", "vllm", "vllm", [1], comparison, "baseline", "/r/n1/vllm")
+    assert line == (
+        "n1 vllm (vllm): single request 61.2 tok/s, TTFT p50 48.0 ms, peak 180.4 tok/s (sweep 1), mean acceptance "
+        "length 3.1. Against baseline: single request x1.8, TTFT x-, peak throughput x1.4 (NOT comparable: "
+        "max_tokens, prompt_set_sha256 differ). Files: /r/n1/vllm.{json,png}"
+    )

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from ddtree_method import (
+    ddtree_bases,
     ddtree_cudagraph_sizes,
     ddtree_fallback_reason,
     ddtree_state_check,
@@ -216,3 +217,89 @@ def test_draft_slots_are_the_verified_tokens_less_one_per_sequence() -> None:
     assert draft_slots(32, 64) == 2016
     assert draft_slots("8", "15") == 112  # inventory values arrive as text too
     assert draft_slots(4, 1) == 0
+
+
+# --- The rules come from the base's descriptor: a second base needs no code ----------------------
+
+
+def synthetic_base(home: Path, release: str = "9.9.9", **changes) -> Path:
+    """A base descriptor under ``home`` (vllm-<release>/base.json) whose rules differ from 0.20.1's in
+    every field the filters read: trees on Gated DeltaNet and Mamba-2 layers with a width-3
+    convolution, bf16 recurrent state, as many draft slots per sequence as verified tokens, two extra graph tokens per request and
+    at most 4 graphs."""
+    descriptor = {
+        "format": 1,
+        "release": release,
+        "tree_state": {
+            "layers": ["linear_attention", "mamba2"],
+            "conv_width": 3,
+            "element_bytes": {"recurrent": 2, "conv": 2},
+        },
+        "scheduler": {"draft_slots_per_sequence": {"verified_tokens_plus": 0}},
+        "cudagraphs": {"tokens_per_request": {"verified_tokens_plus": 2}, "max_sizes": 4},
+        **changes,
+    }
+    folder = home / f"vllm-{release}"
+    folder.mkdir(parents=True)
+    (folder / "base.json").write_text(json.dumps(descriptor))
+    return home
+
+
+def test_a_second_base_drives_every_rule_without_code_changes(tmp_path: Path) -> None:
+    home = synthetic_base(tmp_path)
+    config = qwen36()
+    # Its tree state covers a width of 3, not Qwen3.6's 4; Mamba-2 gets trees, Mamba does not.
+    assert ddtree_fallback_reason(config, "9.9.9", engine_home=home) == (
+        "the target's Gated DeltaNet layers convolve over 4 tokens: the change set's tree state covers a width "
+        "of 3 (Qwen3.5/3.6), so the DFlash chain runs"
+    )
+    config["text_config"]["linear_conv_kernel_dim"] = 3
+    assert ddtree_fallback_reason(config, "9.9.9+cu130", engine_home=home) == ""
+    assert ddtree_fallback_reason({"layers_block_type": ["mamba2", "attention"]}, "9.9.9", engine_home=home) == ""
+    assert ddtree_fallback_reason({"layers_block_type": ["mamba", "mamba2"]}, "9.9.9", engine_home=home) == (
+        "the target has Mamba layers (mamba): trees need branch-local state, which this project's change set "
+        "for vLLM 9.9.9 gives only to Gated DeltaNet and Mamba layers, so the DFlash chain runs"
+    )
+    # bf16 recurrent state: 48 layers x (48 x 128 x 128 x 2 + 10240 x 2 x 2) bytes.
+    assert recurrent_state_bytes(config, vllm_version="9.9.9", engine_home=home) == 48 * (
+        48 * 128 * 128 * 2 + 10240 * 2 * 2
+    )
+    # 64 draft slots per sequence at budget 64; 66 tokens per request; 4 graphs at most.
+    assert draft_slots(32, 64, vllm_version="9.9.9", engine_home=home) == 2048
+    assert ddtree_cudagraph_sizes(3, 64, 8192, vllm_version="9.9.9", engine_home=home) == [66, 132, 198]
+    with pytest.raises(ValueError, match=r"would need 5 CUDA graphs \(more than 4\)"):
+        ddtree_cudagraph_sizes(5, 64, 8192, vllm_version="9.9.9", engine_home=home)
+    # The state check multiplies the base's slot: 65 slots of 48 x (48 x 128 x 128 x 2 + ...) bytes.
+    check = ddtree_state_check(config, 64, 1, 1, 2000, 0.9, vllm_version="9.9.9", engine_home=home)
+    assert check["refuse"].startswith("a DDTree request keeps 65 recurrent state slots of 73.9 MiB (4.7 GiB per GPU")
+
+
+def test_the_sole_base_applies_where_no_release_is_named_and_two_need_one(tmp_path: Path) -> None:
+    home = synthetic_base(tmp_path)
+    assert draft_slots(2, 10, engine_home=home) == 20
+    synthetic_base(tmp_path, "9.10.0", scheduler={"draft_slots_per_sequence": {"verified_tokens_plus": -1}})
+    assert draft_slots(2, 10, vllm_version="9.10.0", engine_home=home) == 18
+    with pytest.raises(ValueError, match=r"has 2 bases \(9\.9\.9, 9\.10\.0\): name the vLLM release"):
+        draft_slots(2, 10, engine_home=home)
+
+
+def test_a_release_without_a_base_runs_the_chain_and_says_which_bases_exist(tmp_path: Path) -> None:
+    home = synthetic_base(tmp_path)
+    assert ddtree_fallback_reason(qwen36(), "0.22.0", engine_home=home) == (
+        "this project's DDTree change set has no base for vLLM 0.22.0 (it has: 9.9.9), so the DFlash chain runs"
+    )
+    with pytest.raises(ValueError, match=r"no base for vLLM 0\.22\.0 .*bases: 9\.9\.9\); pick a release"):
+        draft_slots(2, 10, vllm_version="0.22.0", engine_home=home)
+
+
+def test_the_repository_base_is_the_default() -> None:
+    assert ddtree_cudagraph_sizes(3, 16, 8192, vllm_version="0.20.1") == ddtree_cudagraph_sizes(3, 16, 8192)
+    assert ddtree_fallback_reason(qwen36(), "0.20.1+cu130") == ""
+
+
+def test_the_bases_are_listed_oldest_first(tmp_path: Path) -> None:
+    synthetic_base(tmp_path, "9.10.0")
+    synthetic_base(tmp_path, "9.9.9")
+    (tmp_path / "vllm-9.11.0").mkdir()  # a folder without a descriptor is no base
+    assert ddtree_bases(tmp_path) == ["9.9.9", "9.10.0"]
+    assert ddtree_bases() == ["0.20.1"]

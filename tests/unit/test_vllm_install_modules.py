@@ -34,6 +34,13 @@ from ansible.module_utils.vllm_venvs import (
 WHEELS = Path(os.environ.get("DFLASH_LAB_WHEELS", "/var/cache/dflash-lab/wheels"))
 
 
+# What vllm_install passes for the engine's one base (ddtree/vllm-0.20.1/base.json).
+BASE_0201 = {
+    "patch_fixes": ["aux_layer_offset", "sliding_drafter", "ddtree", "hybrid_tree"],
+    "ddtree_bases": ["0.20.1"],
+}
+
+
 def run_module(module, args: dict, capsys) -> tuple[bool, dict]:
     """Run a module's main() in-process; returns (failed, result)."""
     with patch_module_args(args), pytest.raises(SystemExit) as exc:
@@ -54,6 +61,7 @@ def test_release_check_passes_the_projects_deployment_with_warnings(capsys) -> N
             "hybrid_target": True,
             "sliding_drafter": False,
             "ddtree_patch": True,
+            **BASE_0201,
         },
         capsys,
     )
@@ -75,7 +83,7 @@ def test_release_check_passes_the_projects_deployment_with_warnings(capsys) -> N
 def test_release_check_accepts_a_sliding_drafter_on_the_patched_release(capsys) -> None:
     failed, result = run_module(
         vllm_release_check,
-        {"version": "0.20.1", "method": "ddtree", "sliding_drafter": True, "ddtree_patch": True},
+        {"version": "0.20.1", "method": "ddtree", "sliding_drafter": True, "ddtree_patch": True, **BASE_0201},
         capsys,
     )
     assert failed is False
@@ -118,6 +126,26 @@ def test_release_check_patch_fixes_override(capsys) -> None:
     )
     assert failed is True
     assert [f["code"] for f in result["findings"] if f["level"] == "refuse"] == ["sliding-drafter-silent-full"]
+
+
+def test_release_check_without_the_bases_fixes_refuses_what_they_fix(capsys) -> None:
+    # No built-in table stands in for the descriptor: without patch_fixes nothing counts as fixed.
+    failed, result = run_module(
+        vllm_release_check,
+        {"version": "0.20.1", "method": "ddtree", "ddtree_patch": True, "ddtree_bases": ["0.20.1"]},
+        capsys,
+    )
+    assert failed is True
+    assert [f["code"] for f in result["findings"] if f["level"] == "refuse"] == [
+        "ddtree-unavailable",
+        "aux-layer-offset",
+    ]
+
+
+def test_release_check_rejects_a_base_that_is_no_release(capsys) -> None:
+    failed, result = run_module(vllm_release_check, {"version": "0.20.1", "ddtree_bases": ["next"]}, capsys)
+    assert failed is True
+    assert result["msg"].startswith("ddtree_bases names 'next': vLLM version 'next' is not a plain release number")
 
 
 def test_release_check_rejects_unknown_patch_fixes(capsys) -> None:

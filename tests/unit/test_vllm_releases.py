@@ -13,7 +13,6 @@ from ansible.module_utils.vllm_releases import (
     metadata_torch_pin,
     notes,
     parse_version,
-    patch_fixes_for,
     refusals,
     requirements_for,
     warnings,
@@ -27,7 +26,8 @@ def codes(req: Request) -> list[tuple[str, str]]:
 
 
 def req(version: str, method: str = "dflash", **kw: object) -> Request:
-    base: dict[str, object] = {"hybrid_target": False, "sliding_drafter": False}
+    # The DDTree engine's bases as vllm_install passes them today (ddtree/vllm-0.20.1/).
+    base: dict[str, object] = {"hybrid_target": False, "sliding_drafter": False, "patch_releases": ("0.20.1",)}
     base.update(kw)
     return Request(version=version, method=method, **base)  # type: ignore[arg-type]
 
@@ -82,13 +82,23 @@ def test_parse_version_rejects_non_releases(text: str) -> None:
         parse_version(text)
 
 
-def test_patch_fixes_for() -> None:
-    # The 0.20.1 change set fixes all four.
-    assert patch_fixes_for("0.20.1", enabled=True) == ALL_FIXES
-    assert patch_fixes_for("0.20.1+cu130", enabled=True) == ALL_FIXES
-    assert patch_fixes_for("0.20.1", enabled=False) == frozenset()
-    assert patch_fixes_for("0.20.0", enabled=True) == frozenset()
-    assert patch_fixes_for("0.22.0", enabled=True) == frozenset()
+def test_the_offered_change_sets_are_the_engines_bases() -> None:
+    # A second base is offered where the first is, with nothing in this module naming either.
+    two = evaluate(req("0.25.0", sliding_drafter=True, patch_releases=("0.20.1", "0.24.0")))
+    assert two[0].message.endswith("pick 0.26.0 or later, or 0.20.1 or 0.24.0 with ddtree_patch")
+    ddtree = evaluate(req("0.22.0", method="ddtree", patch_releases=("0.20.1", "0.24.0")))
+    assert ddtree[0].message.endswith(
+        "covers 0.20.1 or 0.24.0 only; pick 0.20.1 or 0.24.0 (with ddtree_patch), or ask for method dflash"
+    )
+    # Without a base, no change set is offered.
+    none = evaluate(req("0.20.1", method="ddtree", patch_releases=()))
+    assert none[0].message == (
+        "DDTree is in no vLLM release and this project's ddtree_patch has a change set for no release only, "
+        "not for 0.20.1; ask for method dflash"
+    )
+    assert none[1].message.endswith("(fixed upstream in 0.22.0, vllm-project/vllm#40727); pick 0.22.0 or later")
+    unknown = evaluate(req("0.99.0", patch_releases=()))[0].message
+    assert "pick a known release (0.30.0 or later for the DFlash chain) or read" in unknown
 
 
 # --- the rules -------------------------------------------------------------------------------
@@ -185,8 +195,7 @@ def test_aux_offset_bug_is_a_note_with_the_patch() -> None:
 
 
 def test_aux_offset_bug_in_0210_has_no_patch() -> None:
-    fixes = patch_fixes_for("0.21.0", enabled=True)
-    assert ("refuse", "aux-layer-offset") in codes(req("0.21.0", patch_fixes=fixes))
+    assert ("refuse", "aux-layer-offset") in codes(req("0.21.0", patch_fixes=frozenset()))
 
 
 def test_aux_offset_fixed_from_0220() -> None:

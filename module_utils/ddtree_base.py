@@ -1,0 +1,172 @@
+"""A vLLM base's rules, read from its descriptor (ddtree/vllm-<release>/base.json) and validated.
+
+A base is one vLLM release with the DDTree engine's change set for it. Its descriptor states as data
+what the Ansible side computes with: which recurrent layers get branch-local tree state (and at
+which convolution width), the bytes per element of that state, how many batched-token slots the
+scheduler reserves per sequence for drafting, and the tokens a request's verification batch takes
+in a CUDA graph (with the most graphs worth capturing). plugins/filter/ddtree_method.py reads the
+rules here; ddtree/bases.py lists and loads the same descriptors for the engine's own code. Adding a
+base is adding its folder: nothing here names a release.
+
+Standard library only: it reads files on the controller.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DESCRIPTOR = "base.json"
+FORMAT = 1
+# A vLLM release number as a base folder names it; a local label (+cu130) is the same base.
+_RELEASE_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+# Descriptors are small: a bigger file is not one.
+MAX_DESCRIPTOR_BYTES = 1 << 20
+# Bounds no real base comes near; they keep arithmetic on a descriptor's numbers small.
+MAX_OFFSET = 64
+MAX_ELEMENT_BYTES = 16
+MAX_CONV_WIDTH = 64
+MAX_GRAPH_SIZES = 65536
+
+
+class BaseError(ValueError):
+    """A base is missing or its descriptor is not one; the message names the file and what to do."""
+
+
+class NoBaseError(BaseError):
+    """The engine has no base for the release asked for."""
+
+
+@dataclass(frozen=True)
+class BaseRules:
+    """What one base's descriptor says the Ansible side computes with."""
+
+    release: str
+    # Recurrent layer kinds (config.json layer_types) that get branch-local tree state, and the
+    # convolution width that state covers.
+    tree_layers: tuple[str, ...]
+    conv_width: int
+    # Bytes per element of that state: the recurrent (SSM) state and the convolution window.
+    recurrent_bytes: int
+    conv_bytes: int
+    # Scheduler: verified_tokens + draft_slots_plus batched-token slots reserved per sequence.
+    draft_slots_plus: int
+    # CUDA graphs: verified_tokens + graph_tokens_plus tokens per request, at most max_graph_sizes sizes.
+    graph_tokens_plus: int
+    max_graph_sizes: int
+
+    def draft_slots(self, verified_tokens: int) -> int:
+        """Batched-token slots the scheduler reserves per sequence for drafting."""
+        return verified_tokens + self.draft_slots_plus
+
+    def graph_tokens(self, verified_tokens: int) -> int:
+        """Tokens one request takes in a uniform verification batch."""
+        return verified_tokens + self.graph_tokens_plus
+
+
+def release_of(version: str) -> str:
+    """The base a vLLM version runs on: ``0.20.1+cu130`` -> ``0.20.1``."""
+    return str(version).split("+", 1)[0].strip()
+
+
+def releases(home: str | Path) -> list[str]:
+    """Every release with a descriptor under ``home`` (vllm-<release>/base.json), oldest first."""
+    found = []
+    for path in Path(home).glob(f"vllm-*/{DESCRIPTOR}"):
+        release = path.parent.name.removeprefix("vllm-")
+        if _RELEASE_RE.match(release):
+            found.append(release)
+    return sorted(found, key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+def descriptor_path(home: str | Path, release: str) -> Path:
+    return Path(home) / f"vllm-{release_of(release)}" / DESCRIPTOR
+
+
+def load(home: str | Path, release: str) -> dict[str, Any]:
+    """The descriptor of ``release`` under ``home`` as JSON; BaseError naming the known bases when there is
+    none, or the file when it is not a JSON object."""
+    path = descriptor_path(home, release)
+    if not path.is_file():
+        known = ", ".join(releases(home)) or "none"
+        raise NoBaseError(
+            f"the DDTree engine has no base for vLLM {release_of(release)} ({path} does not exist; "
+            f"bases: {known}); pick a release it has a base for, or add that base (ddtree/README.md)"
+        )
+    if path.stat().st_size > MAX_DESCRIPTOR_BYTES:
+        raise BaseError(f"{path} is larger than {MAX_DESCRIPTOR_BYTES} bytes, so it is no base descriptor")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BaseError(f"{path} is not valid JSON ({exc}); fix the descriptor") from None
+    if not isinstance(data, dict):
+        raise BaseError(f"{path} holds {type(data).__name__}, not a JSON object; fix the descriptor")
+    return data
+
+
+def sole_release(home: str | Path) -> str:
+    """The one base under ``home``; BaseError when there are none or several (then the caller must name one)."""
+    found = releases(home)
+    if len(found) != 1:
+        raise BaseError(
+            f"the DDTree engine in {home} has {len(found)} bases ({', '.join(found) or 'none'}): name the vLLM "
+            "release (shared_settings_vllm_version) whose rules apply"
+        )
+    return found[0]
+
+
+def _field(data: Mapping[str, Any], path: str, keys: str) -> Any:
+    node: Any = data
+    for key in keys.split("."):
+        if not isinstance(node, Mapping) or key not in node:
+            raise BaseError(f"{path} has no {keys}; add it (see ddtree/vllm-0.20.1/base.json for the layout)")
+        node = node[key]
+    return node
+
+
+def _whole(data: Mapping[str, Any], path: str, keys: str, low: int, high: int) -> int:
+    value = _field(data, path, keys)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BaseError(f"{path}: {keys} is {value!r}; it must be a whole number from {low} to {high}")
+    return value
+
+
+def rules(data: Mapping[str, Any], path: str = DESCRIPTOR) -> BaseRules:
+    """The rules of one descriptor, every field checked; BaseError names the file and the field."""
+    if _field(data, path, "format") != FORMAT:
+        raise BaseError(f"{path}: format is {data.get('format')!r}; this project reads format {FORMAT}")
+    release = _field(data, path, "release")
+    if not isinstance(release, str) or not _RELEASE_RE.match(release):
+        raise BaseError(f"{path}: release is {release!r}; it must be a vLLM release number such as 0.20.1")
+    layers = _field(data, path, "tree_state.layers")
+    if not isinstance(layers, list) or not all(isinstance(k, str) and k for k in layers):
+        raise BaseError(
+            f"{path}: tree_state.layers is {layers!r}; it must be a list of layer kinds (config.json layer_types)"
+        )
+    return BaseRules(
+        release=release,
+        tree_layers=tuple(layers),
+        conv_width=_whole(data, path, "tree_state.conv_width", 1, MAX_CONV_WIDTH),
+        recurrent_bytes=_whole(data, path, "tree_state.element_bytes.recurrent", 1, MAX_ELEMENT_BYTES),
+        conv_bytes=_whole(data, path, "tree_state.element_bytes.conv", 1, MAX_ELEMENT_BYTES),
+        draft_slots_plus=_whole(
+            data, path, "scheduler.draft_slots_per_sequence.verified_tokens_plus", -MAX_OFFSET, MAX_OFFSET
+        ),
+        graph_tokens_plus=_whole(data, path, "cudagraphs.tokens_per_request.verified_tokens_plus", 1, MAX_OFFSET),
+        max_graph_sizes=_whole(data, path, "cudagraphs.max_sizes", 1, MAX_GRAPH_SIZES),
+    )
+
+
+def load_rules(home: str | Path, release: str | None = None) -> BaseRules:
+    """The rules of ``release``'s base under ``home`` (the sole base when ``release`` is None)."""
+    release = release_of(release) if release not in (None, "") else sole_release(home)
+    rules_ = rules(load(home, release), str(descriptor_path(home, release)))
+    if rules_.release != release:
+        raise BaseError(
+            f"{descriptor_path(home, release)} says release {rules_.release}, not {release}; fix the descriptor"
+        )
+    return rules_

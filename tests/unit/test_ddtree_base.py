@@ -1,0 +1,110 @@
+"""A vLLM base's descriptor read as rules (module_utils/ddtree_base.py): every bad field is refused with a
+sentence naming the file and the field, a missing base names the ones there are."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from ansible.module_utils.ddtree_base import BaseError, NoBaseError, load_rules, release_of, releases, rules
+
+GOOD = {
+    "format": 1,
+    "release": "1.2.3",
+    "tree_state": {"layers": ["linear_attention"], "conv_width": 4, "element_bytes": {"recurrent": 4, "conv": 2}},
+    "scheduler": {"draft_slots_per_sequence": {"verified_tokens_plus": -1}},
+    "cudagraphs": {"tokens_per_request": {"verified_tokens_plus": 1}, "max_sizes": 512},
+}
+
+
+def write(home: Path, release: str, data: object) -> Path:
+    folder = home / f"vllm-{release}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "base.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def test_a_good_descriptor_reads_as_its_rules() -> None:
+    base = rules(GOOD)
+    assert (base.release, base.tree_layers, base.conv_width) == ("1.2.3", ("linear_attention",), 4)
+    assert (base.recurrent_bytes, base.conv_bytes, base.max_graph_sizes) == (4, 2, 512)
+    assert (base.draft_slots(64), base.graph_tokens(64)) == (63, 65)
+
+
+def _with(path: str, value: object) -> dict:
+    data = copy.deepcopy(GOOD)
+    *parents, last = path.split(".")
+    node = data
+    for key in parents:
+        node = node[key]
+    if value is KeyError:
+        del node[last]
+    else:
+        node[last] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("format", 2, "base.json: format is 2; this project reads format 1"),
+        ("release", "1.2", "base.json: release is '1.2'; it must be a vLLM release number such as 0.20.1"),
+        ("tree_state.layers", "linear_attention", "tree_state.layers is 'linear_attention'; it must be a list"),
+        ("tree_state.conv_width", True, "tree_state.conv_width is True; it must be a whole number from 1 to 64"),
+        ("tree_state.element_bytes.conv", 0, "tree_state.element_bytes.conv is 0; it must be a whole number from 1"),
+        (
+            "scheduler.draft_slots_per_sequence",
+            "verified_tokens - 1",
+            "base.json has no scheduler.draft_slots_per_sequence.verified_tokens_plus; add it",
+        ),
+        (
+            "cudagraphs.tokens_per_request.verified_tokens_plus",
+            0,
+            "verified_tokens_plus is 0; it must be a whole number from 1",
+        ),
+        ("cudagraphs.max_sizes", KeyError, "base.json has no cudagraphs.max_sizes; add it"),
+        ("cudagraphs.max_sizes", 1e400, "cudagraphs.max_sizes is inf; it must be a whole number"),
+    ],
+)
+def test_a_bad_field_is_named(path: str, value: object, message: str) -> None:
+    with pytest.raises(BaseError) as caught:
+        rules(_with(path, value))
+    assert message in str(caught.value)
+
+
+def test_bases_on_disk(tmp_path: Path) -> None:
+    write(tmp_path, "1.2.3", GOOD)
+    write(tmp_path, "1.10.0", {**GOOD, "release": "1.10.0"})
+    write(tmp_path, "next", GOOD)  # not a release: no base
+    assert releases(tmp_path) == ["1.2.3", "1.10.0"]
+    assert load_rules(tmp_path, "1.10.0+cu130").release == "1.10.0"
+    assert release_of(" 0.20.1+cu130 ") == "0.20.1"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{", "is not valid JSON"),
+        ("[1]", "holds list, not a JSON object"),
+        (json.dumps({**GOOD, "release": "1.2.4"}), "says release 1.2.4, not 1.2.3; fix the descriptor"),
+    ],
+)
+def test_a_broken_file_is_named(tmp_path: Path, content: str, message: str) -> None:
+    path = write(tmp_path, "1.2.3", content)
+    with pytest.raises(BaseError) as caught:
+        load_rules(tmp_path, "1.2.3")
+    assert str(path) in str(caught.value)
+    assert message in str(caught.value)
+
+
+def test_no_base_names_the_ones_there_are(tmp_path: Path) -> None:
+    write(tmp_path, "1.2.3", GOOD)
+    with pytest.raises(
+        NoBaseError, match=r"no base for vLLM 2\.0\.0 \(.*vllm-2\.0\.0/base\.json does not exist; bases: 1\.2\.3\)"
+    ):
+        load_rules(tmp_path, "2.0.0")
+    with pytest.raises(BaseError, match=r"has 0 bases \(none\): name the vLLM release"):
+        load_rules(tmp_path / "empty")

@@ -1,0 +1,97 @@
+"""No templated value in the roles' tasks and vars, the playbooks or site.yml is longer than 300 characters.
+
+A Jinja expression that long is a decision or a long string living in YAML, where no test reaches it:
+it belongs in a filter plugin or module_utils (typed, unit-tested), or split into named values so
+the task reads as steps (issue 44 item 4). A value counts once YAML has read it (a folded scalar's
+text) and only if it holds Jinja (``{{`` or ``{%``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+LIMIT = 300
+
+# Offenders in files two other engineers are editing now, each named by file and where in it: remove
+# an entry when its value is fixed (the test then also fails if the value comes back).
+ALLOWED = {
+    # roles/service_swap (being edited by the service_swap work in flight)
+    "roles/service_swap/tasks/preflight.yml: Check the swap's settings > vars > _service_swap_rules > 2 > msg",
+    "roles/service_swap/tasks/preflight.yml: Check the swap's settings > vars > _service_swap_rules > 9 > msg",
+    "roles/service_swap/tasks/previous_vllm.yml: Refuse when the previous unit's vLLM is no longer on the node"
+    " > ansible.builtin.assert > fail_msg",
+    "roles/service_swap/tasks/previous_vllm.yml: Refuse when there is no previous vLLM unit to go back to"
+    " > ansible.builtin.assert > fail_msg",
+    "roles/service_swap/tasks/previous_vllm.yml: Say what check mode would do > ansible.builtin.debug > msg",
+    "roles/service_swap/tasks/rollback.yml: Fail the host with what failed, what was restored and what to look at"
+    " > vars > _service_swap_report > 2",
+    "roles/service_swap/tasks/tree_state.yml: Check one request's tree state fits a GPU > vars > _service_swap_state",
+    "roles/service_swap/tasks/tree_state.yml: Say when fewer requests than max_num_seqs fit at once"
+    " > vars > _service_swap_state",
+    "roles/service_swap/vars/main.yml: _service_swap_sglang_problem",
+    # roles/tune (being edited by the tune work in flight)
+    "roles/tune/tasks/inputs.yml: Work out the inputs' digest, whether the record still holds and whether DDTree can"
+    " run > ansible.builtin.set_fact > _tune_ddtree_unavailable",
+    "roles/tune/tasks/report.yml: Write the tuning's figures and plot on the controller > Say where the figures are"
+    " > ansible.builtin.debug > msg",
+    "roles/tune/tasks/verify.yml: Fail the host with every candidate's reason (SGLang was put back)"
+    " > ansible.builtin.fail > msg",
+}
+
+
+def yaml_files() -> list[Path]:
+    globs = ["roles/*/tasks/**/*.yml", "roles/*/vars/**/*.yml", "playbooks/*.yml", "site.yml"]
+    return sorted({p for g in globs for p in REPO.glob(g)})
+
+
+def _step(key: object, value: object) -> str:
+    """A list item that is a task or play goes by its name; anything else by its index or key."""
+    return str(value["name"]) if isinstance(value, dict) and isinstance(value.get("name"), str) else str(key)
+
+
+def _walk(node: object, where: list[str]) -> Iterator[tuple[str, str]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            inner = key in ("block", "rescue", "always", "tasks", "pre_tasks", "post_tasks", "handlers")
+            yield from _walk(value, where if inner else [*where, str(key)])
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _walk(value, [*where, _step(index, value)])
+    elif isinstance(node, str) and ("{{" in node or "{%" in node):
+        yield " > ".join(where), node
+
+
+def long_values() -> dict[str, int]:
+    found = {}
+    for path in yaml_files():
+        for where, value in _walk(yaml.safe_load(path.read_text()), []):
+            if len(value) > LIMIT:
+                found[f"{path.relative_to(REPO)}: {where}"] = len(value)
+    return found
+
+
+def test_no_templated_value_is_longer_than_300_characters() -> None:
+    offenders = {where: n for where, n in long_values().items() if where not in ALLOWED}
+    assert not offenders, (
+        "templated values over 300 characters (move them into a filter plugin or split them):\n"
+        + "\n".join(f"  {where}: {n} characters" for where, n in sorted(offenders.items()))
+    )
+
+
+def test_every_allowed_offender_still_exists() -> None:
+    # An entry whose value was fixed (or moved) must leave the list, so the list never hides a new one.
+    stale = sorted(ALLOWED - set(long_values()))
+    assert not stale, "fixed or renamed, so remove from ALLOWED: " + "; ".join(stale)
+
+
+def test_the_scan_finds_a_long_value(tmp_path: Path) -> None:
+    task = [{"name": "A step", "ansible.builtin.debug": {"msg": "{{ x }}" + "y" * 300}}]
+    assert list(_walk(task, [])) == [("A step > ansible.builtin.debug > msg", "{{ x }}" + "y" * 300)]
+    play = [
+        {"name": "P", "hosts": "all", "tasks": [{"name": "T", "block": [{"name": "B", "vars": {"v": "{% if %}"}}]}]}
+    ]
+    assert [w for w, _ in _walk(play, [])] == ["P > T > B > vars > v"]
