@@ -173,6 +173,7 @@ def test_a_request_whose_draft_block_passes_max_model_len_drafts_nothing_and_the
     assert prop.positions.tolist() == [13, 14, 15, 0, 1, 2]
     assert prop._slot_mapping_buffer.tolist() == [slot(103, 13), slot(103, 14), slot(103, 15), -1, -1, -1]
     assert cad.seq_lens.tolist() == [16, 3]
+    assert cad.max_seq_len == 32  # 30 + 3 before: no sequence is longer than max_model_len now
     assert prop._ddtree_drafted.tolist() == [True, False]
     assert prop.input_ids.tolist() == [5, 7, 7, 6, 7, 7]  # bonus token, then mask tokens
 
@@ -186,3 +187,4 @@ def test_the_release_wrote_past_max_model_len_and_the_chain_still_does(dd, input
         assert prop.positions.tolist() == [13, 14, 15, 30, 31, 32]
         assert prop._slot_mapping_buffer.tolist()[3:] == [slot(207, 30), slot(207, 31), slot(207, 32)]
         assert cad.seq_lens.tolist() == [16, 33]
+        assert cad.max_seq_len == 33
