@@ -355,15 +355,77 @@ def test_kept_trees_are_bounded_by_one_batch(dd):
     assert rt._stored.parent.shape[0] == 2
 
 
-def test_under_async_scheduling_only_requests_of_the_last_step_use_their_trees(dd):
+@pytest.mark.parametrize("drafts_a", [4, 2])  # 2: the scheduler cut a's drafts (token budget, max_model_len)
+def test_under_async_scheduling_a_request_the_scheduler_skipped_is_verified_against_its_own_tree(dd, drafts_a):
+    step = Step(dd, drafts_a=drafts_a)  # the step that drafted a and b
+    step.rt.build(DRAFT_LOGITS[1:], ["b"])  # the next step drafted b alone: a waited
+    # a comes back. It was not in the last step, so vLLM scattered no drafts in for it: its
+    # draft rows hold the scheduler's placeholders. b's were scattered in from its tree.
+    step.input_ids[9:] = -1
+    before = step.input_ids.clone()
+    step.prepare(input_ids=step.input_ids, from_last_step=[True, False, False])
+    assert step.input_ids[9:].tolist() == step.tokens[0][:drafts_a]  # a's own tree's tokens
+    assert torch.equal(step.input_ids[:9], before[:9])  # b's drafts, c's prefill and a's root as they were
+    assert step.rt._step.has_tree.tolist() == [True, False, True]
+    assert step.rt._step.parent.tolist()[2] == [-1, 0, -1, 2]
+    # a: root->0 (node 0), node 0->0 (node 1), node 1->2: accepts two tokens and the bonus.
+    choices = [*[1, 0, 0, 3, 5], 6, *[0, 0, 2, 0, 0][: drafts_a + 1]]  # b, c, a
+    out = step.rt.sample(one_hot_rows(choices), step.input_ids, step.num_draft, Sampling())
+    assert out.sampled_token_ids.tolist()[2] == [0, 0, 2, -1, -1]
+
+
+def test_under_async_scheduling_requests_of_the_last_step_keep_the_drafts_scattered_in(dd):
     step = Step(dd)
-    step.rt.overlapped = True
-    step.rt.build(DRAFT_LOGITS[1:], ["b"])  # a skipped a step: under async it returns with placeholders
-    assert list(step.rt._stored.req_index) == ["b"]  # so its tree is not kept
-    step.rt.build(DRAFT_LOGITS, ["a", "b"])
-    step.prepare(from_last_step=[True, False, False])  # a was not in the last step: placeholder drafts
-    assert step.rt._step.has_tree.tolist() == [True, False, False]
-    assert step.rt._step.has_drafts.tolist() == [True, False, True]  # still verified, as a star
+    before = step.input_ids.clone()
+    step.prepare(input_ids=step.input_ids, from_last_step=[True, True, True])
+    assert torch.equal(step.input_ids, before)
+    assert step.rt._step.has_tree.tolist() == [True, False, True]
+
+
+@pytest.mark.parametrize(
+    ("last_position", "fits"),
+    # max_model_len 100: the block's last position must be a position of the model (below 100)
+    [(99, True), (100, False), (105, False)],
+)
+def test_a_drafter_block_past_max_model_len_is_kept_inside_its_own_cache(dd, last_position, fits):
+    rt = dd.DDTreeRuntime(budget=4, depth=2, device=torch.device("cpu"), max_num_reqs=4, max_num_tokens=16)
+    # Each request's drafter block: its bonus token and depth (2) mask tokens.
+    positions = torch.tensor([[10, 11, 12], [last_position - 2, last_position - 1, last_position]])
+    slots = torch.tensor([[410, 411, 412], [898, 899, 900]])
+    seq_lens = torch.tensor([13, last_position + 1], dtype=torch.int32)
+    drafted = rt.limit_draft_blocks(positions, slots, seq_lens, 100)
+    assert drafted.tolist() == [True, fits]
+    assert positions[0].tolist() == [10, 11, 12] and slots[0].tolist() == [410, 411, 412]
+    assert seq_lens[0] == 13
+    if fits:
+        assert positions[1].tolist() == [97, 98, 99] and slots[1].tolist() == [898, 899, 900]
+        assert seq_lens[1] == 100
+    else:
+        # positions 0..depth of its own cache, no KV written, attending to that block alone
+        assert positions[1].tolist() == [0, 1, 2] and slots[1].tolist() == [-1, -1, -1]
+        assert seq_lens[1] == 3
+
+
+def test_a_request_near_max_model_len_stops_drafting_for_itself_only(dd):
+    step = Step(dd)
+    # b's drafter block did not fit: its drafts are tokens of no tree; a's did.
+    step.tokens = step.rt.build(DRAFT_LOGITS, ["a", "b"], drafted=torch.tensor([True, False])).tolist()
+    step.prepare()
+    assert step.rt._step.has_drafts.tolist() == [True, False, True]
+    assert step.rt._step.has_tree.tolist() == [False, False, True]
+    # b's choices would accept [1, 3] on its tree: verified as rejected, it keeps only its bonus.
+    choices = [*[1, 0, 0, 3, 5], 6, *[0, 0, 2, 0, 0]]  # b, c, a
+    out = step.rt.sample(one_hot_rows(choices), step.input_ids, step.num_draft, Sampling())
+    assert out.sampled_token_ids.tolist() == [[1, -1, -1, -1, -1], [6, -1, -1, -1, -1], [0, 0, 2, -1, -1]]
+
+
+def test_a_waiting_tree_keeps_whether_its_block_fitted(dd):
+    rt = dd.DDTreeRuntime(budget=4, depth=2, device=torch.device("cpu"), max_num_reqs=4, max_num_tokens=16)
+    rt.build(DRAFT_LOGITS, ["a", "b"], drafted=torch.tensor([True, False]))
+    rt.build(DRAFT_LOGITS[:1], ["c"])  # a and b wait
+    assert list(rt._stored.req_index) == ["c", "a", "b"]
+    assert rt._stored.drafted.tolist() == [True, True, False]
+    assert rt._stored.tokens.tolist() == [[0, 0, 1, 0], [0, 0, 1, 0], [2, 3, 1, 3]]
 
 
 @pytest.mark.parametrize(

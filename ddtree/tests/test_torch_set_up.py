@@ -84,6 +84,7 @@ def test_which_modules_count_as_needing_torch(tmp_path: Path) -> None:
     needing = sorted(p.name for p in engine.glob("test_*.py") if imports_torch(p))
     assert needing == [
         "test_ddtree_attention.py",
+        "test_ddtree_drafter_limits.py",
         "test_ddtree_expand_parts.py",
         "test_ddtree_gdn.py",
         "test_ddtree_moves.py",

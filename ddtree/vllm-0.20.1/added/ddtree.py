@@ -21,7 +21,9 @@ How it rides on the DFlash machinery of this release:
   consecutive slots of the accepted path, so the KV cache, the scheduler's
   token accounting and the DFlash drafter (fed the accepted nodes' hidden
   states) see a plain sequence again.
-* ``build`` turns the drafter's logits into the next step's trees.
+* ``build`` turns the drafter's logits into the next step's trees; a request
+  whose drafter block (its bonus token and ``depth`` draft positions) would
+  pass max_model_len gets none (``limit_draft_blocks``), the others keep theirs.
 
 On hybrid targets (Gated DeltaNet layers, e.g. Qwen3.5/3.6) the verified
 tokens' recurrent state follows the tree too: ``current_tree_parents`` gives
@@ -34,8 +36,11 @@ sets the runner's accepted-token count to 1 to match). M-RoPE targets get the
 same depth-based positions in all three position rows.
 
 Trees are kept per request id between steps, so requests may join, leave or
-be reordered. Requests with draft tokens but no stored tree (drafting was
-skipped near max_model_len) verify nothing and still get their bonus token.
+be reordered; under async scheduling a request the scheduler skipped for a
+step comes back with placeholder drafts, which ``prepare_step`` replaces with
+its stored tree's tokens. Requests with draft tokens but no tree (their drafter
+block did not fit before max_model_len) verify nothing and still get their
+bonus token.
 Requests that ask for what trees cannot give as the target alone would
 (logprobs, structured outputs, penalties, bad words, min_tokens, a seed when
 sampling) are refused when they arrive, with the reason (``unsupported_request``).
@@ -59,6 +64,7 @@ except ImportError:  # no Triton: compact() moves each layer with torch indexing
 logger = init_logger(__name__)
 
 _SAMPLING_EPS = 1e-5
+_PADDING_SLOT = -1  # vLLM's PADDING_SLOT_ID: the KV-cache writes skip it
 _CHOICE_ROWS = 128  # target rows sampled at once (each needs a few vocab-sized float32 rows)
 
 # The runtime of this worker process. Its bias and parent buffers are
@@ -155,6 +161,8 @@ class _StoredTrees:
     """The trees proposed at the end of a step, rows in that step's batch order."""
 
     req_index: dict[str, int]
+    tokens: torch.Tensor  # [R, N] the draft tokens, in node order
+    drafted: torch.Tensor  # [R] bool: False where the drafter block did not fit
     parent: torch.Tensor  # [R, N]
     depth: torch.Tensor  # [R, N]
     ancestor_mask: torch.Tensor  # [R, N+1, N+1]
@@ -166,7 +174,7 @@ class _StepTrees:
 
     num_reqs: int
     has_drafts: torch.Tensor  # [num_reqs] bool
-    has_tree: torch.Tensor  # [num_reqs] bool: drafts with a stored tree
+    has_tree: torch.Tensor  # [num_reqs] bool: drafts with a stored, drafted tree
     num_drafts: torch.Tensor  # [num_reqs] int64
     query_start: torch.Tensor  # [num_reqs] int64
     parent: torch.Tensor  # [num_reqs, N]
@@ -186,12 +194,9 @@ class DDTreeRuntime:
         device: torch.device,
         max_num_reqs: int,
         max_num_tokens: int,
-        overlapped: bool = False,
         move_kernels: bool | None = None,
     ):
-        """``overlapped``: async scheduling, where a request the scheduler skipped
-        for a step comes back with placeholder drafts, so its tree is not kept.
-        ``move_kernels``: compact with ``ddtree_moves``' kernels (one launch per
+        """``move_kernels``: compact with ``ddtree_moves``' kernels (one launch per
         kind of move over all layers); default on CUDA, torch indexing elsewhere."""
         global _RUNTIME
         if budget < depth:
@@ -201,7 +206,6 @@ class DDTreeRuntime:
         self.device = device
         self.max_num_reqs = max_num_reqs
         self.max_num_tokens = max_num_tokens
-        self.overlapped = overlapped
         self._stored: _StoredTrees | None = None
         self._step: _StepTrees | None = None
         self._warned: set[str] = set()
@@ -261,28 +265,69 @@ class DDTreeRuntime:
     # ------------------------------------------------------------------
     # Drafting: logits -> trees
     # ------------------------------------------------------------------
-    def build(self, draft_logits: torch.Tensor, req_ids: list[str]) -> torch.Tensor:
+    def build(
+        self, draft_logits: torch.Tensor, req_ids: list[str], drafted: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``draft_logits [R, D, V]`` -> draft token ids ``[R, N]`` in node order.
 
-        The trees of requests this step left out (the scheduler skipped them,
-        their drafts wait) are kept, up to one batch of them, so that such a
-        request is verified against its own tree when it comes back."""
+        ``drafted`` (``[R]`` bool, from ``limit_draft_blocks``): False for a
+        request whose drafter block did not fit; its tokens are verified as
+        rejected next step. The trees of requests this step left out (the
+        scheduler skipped them, their drafts wait) are kept, up to one batch of
+        them, so that such a request is verified against its own tree when it
+        comes back."""
         trees = build_trees(draft_logits, self.budget)
-        index = {rid: i for i, rid in enumerate(req_ids[: draft_logits.shape[0]])}
-        parent, depth, mask = trees.parent, trees.depth, trees.ancestor_mask
+        num_reqs = draft_logits.shape[0]
+        index = {rid: i for i, rid in enumerate(req_ids[:num_reqs])}
+        tokens, parent, depth, mask = trees.tokens, trees.parent, trees.depth, trees.ancestor_mask
+        if drafted is None:
+            drafted = torch.ones(num_reqs, dtype=torch.bool, device=parent.device)
         old = self._stored
-        if old is not None and not self.overlapped:
+        if old is not None:
             waiting = [(rid, i) for rid, i in old.req_index.items() if rid not in index]
             waiting = waiting[: self.attn_bias.shape[0]]
             if waiting:
                 rows = torch.tensor([i for _, i in waiting], device=parent.device)
+                tokens = torch.cat([tokens, old.tokens.index_select(0, rows)])
+                drafted = torch.cat([drafted, old.drafted.index_select(0, rows)])
                 parent = torch.cat([parent, old.parent.index_select(0, rows)])
                 depth = torch.cat([depth, old.depth.index_select(0, rows)])
                 mask = torch.cat([mask, old.ancestor_mask.index_select(0, rows)])
                 for rid, _ in waiting:
                     index[rid] = len(index)
-        self._stored = _StoredTrees(req_index=index, parent=parent, depth=depth, ancestor_mask=mask)
+        self._stored = _StoredTrees(
+            req_index=index, tokens=tokens, drafted=drafted, parent=parent, depth=depth, ancestor_mask=mask
+        )
         return trees.tokens
+
+    def limit_draft_blocks(
+        self,
+        query_positions: torch.Tensor,
+        query_slots: torch.Tensor,
+        seq_lens: torch.Tensor,
+        max_model_len: int,
+    ) -> torch.Tensor:
+        """Keep the drafter inside max_model_len, request by request.
+
+        ``query_positions`` / ``query_slots`` ``[R, 1 + depth]``: the DFlash
+        drafter's query block of each request (its bonus token, then ``depth``
+        mask tokens), as vLLM's input kernel wrote them; ``seq_lens [R]`` the
+        drafter's sequence lengths (context + block). A request whose last
+        block position is not below ``max_model_len`` would read rotary tables
+        and write KV slots past its end: its block moves to positions
+        ``0 .. depth`` of its own cache, its KV writes are skipped (vLLM's
+        padding slot) and it attends only to that block. Its drafts are then
+        meaningless and ``build`` marks them so. Other requests are untouched,
+        so one request near the end no longer stops drafting for the batch.
+        Returns ``[R]`` bool: the requests whose block fits. In place, no host
+        sync."""
+        block = query_positions.shape[1]
+        fits = query_positions[:, -1] < max_model_len
+        off = ~fits.view(-1, 1)
+        query_positions.copy_(torch.where(off, self._node_ids[:block].to(query_positions.dtype), query_positions))
+        query_slots.masked_fill_(off, _PADDING_SLOT)
+        seq_lens.copy_(torch.where(fits, seq_lens, torch.full_like(seq_lens, block)))
+        return fits
 
     def forget_trees(self) -> None:
         """Drafting was skipped: the next step's drafts (if any) carry no tree."""
@@ -301,12 +346,17 @@ class DDTreeRuntime:
         query_pos: torch.Tensor,
         positions: torch.Tensor,
         mrope_positions: torch.Tensor | None = None,
+        input_ids: torch.Tensor | None = None,
         from_last_step: list[bool] | None = None,
     ) -> None:
         """Give draft tokens depth-based positions and set the per-request bias.
 
         ``from_last_step`` (async scheduling): which requests were in the last
-        step, the only ones whose drafts are that step's tree tokens.
+        step, the only ones whose drafts vLLM scattered in from that step's
+        trees. The others (the scheduler skipped them for a step) carry
+        placeholders: their stored tree's tokens are written into
+        ``input_ids`` (the runner's buffer) at their draft rows, so they are
+        verified against their own tree.
 
         ``positions`` (the runner's buffer, already used for slot mapping) is
         updated in place for the tokens of requests with drafts, and so is
@@ -325,8 +375,9 @@ class DDTreeRuntime:
         rows_cpu = torch.tensor(rows, dtype=torch.int64)
         has_drafts_cpu = n_draft_cpu > 0
         has_tree_cpu = has_drafts_cpu & (rows_cpu >= 0)
+        restore_cpu = torch.zeros(num_reqs, dtype=torch.bool)
         if from_last_step is not None:
-            has_tree_cpu &= torch.tensor(from_last_step[:num_reqs], dtype=torch.bool)
+            restore_cpu = has_tree_cpu & ~torch.tensor(from_last_step[:num_reqs], dtype=torch.bool)
         if bool((has_drafts_cpu & ~has_tree_cpu).any()):
             self._warn_once(
                 "no-tree",
@@ -335,12 +386,15 @@ class DDTreeRuntime:
             )
         # The host facts in one copy, from pinned memory where there is a GPU:
         # a copy from pageable memory may make the host wait for the stream.
-        host = torch.stack([n_draft_cpu, has_tree_cpu.long(), rows_cpu.clamp(min=0)])
+        host = torch.stack([n_draft_cpu, has_tree_cpu.long(), rows_cpu.clamp(min=0), restore_cpu.long()])
         if device.type == "cuda":
             host = host.pin_memory()
         facts = host.to(device, non_blocking=True)
-        n_draft, has_tree, idx = facts[0], facts[1].bool(), facts[2]
+        n_draft, has_tree, idx, restore = facts[0], facts[1].bool(), facts[2], facts[3].bool()
         has_drafts = n_draft > 0
+        if stored is not None:
+            # A request whose drafter block did not fit has tokens but no tree.
+            has_tree = has_tree & stored.drafted.index_select(0, idx)
 
         parent = self._star_parent.expand(num_reqs, n).clone()
         depth = self._star_depth.expand(num_reqs, n).clone()
@@ -350,6 +404,11 @@ class DDTreeRuntime:
             parent = torch.where(sel, stored.parent.index_select(0, idx), parent)
             depth = torch.where(sel, stored.depth.index_select(0, idx), depth)
             mask = torch.where(sel.view(-1, 1, 1), stored.ancestor_mask.index_select(0, idx), mask)
+
+        if stored is not None and bool(restore_cpu.any()):
+            if input_ids is None:
+                raise RuntimeError("DDTree: prepare_step needs input_ids to restore the drafts of skipped requests")
+            self._restore_drafts(input_ids, stored.tokens.index_select(0, idx), restore, n_draft, query_start_loc)
 
         # Positions: root + depth for the draft tokens of requests with drafts.
         total = req_indices.shape[0]
@@ -396,6 +455,27 @@ class DDTreeRuntime:
             seq_positions=seq_positions,
             seq_mrope_positions=seq_mrope,
         )
+
+    def _restore_drafts(
+        self,
+        input_ids: torch.Tensor,
+        tokens: torch.Tensor,
+        restore: torch.Tensor,
+        num_drafts: torch.Tensor,
+        query_start_loc: torch.Tensor,
+    ) -> None:
+        """Write each restored request's tree tokens (``tokens [num_reqs, N]``)
+        into its draft rows (``query_start + 1 + node``, as many as it was given).
+        Entries that write nothing rewrite their request's root row with its own
+        token: no draft row is a root row, and every value is read before the
+        write, so the scatter has no conflicting writes and no host sync."""
+        num_reqs = tokens.shape[0]
+        start = query_start_loc[:num_reqs].to(torch.int64).view(-1, 1)
+        node = self._node_ids[1:].view(1, -1)  # [1, N]: node j's row is start + 1 + j
+        write = restore.view(-1, 1) & (node <= num_drafts.view(-1, 1))
+        rows = torch.where(write, start + node, start).view(-1)
+        values = torch.where(write, tokens.to(input_ids.dtype), input_ids[start.expand_as(write)])
+        input_ids.scatter_(0, rows, values.view(-1))
 
     def end_forward(self) -> None:
         """A forward without drafts follows: its short queries (one-token
