@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -396,23 +397,43 @@ def test_an_empty_key_on_a_network_address_is_refused_unless_allowed(dirs):
     assert _open_api(dirs, "-e", "service_swap_api_key=sk-abc").returncode == 0
 
 
+def sparse_weights(directory: Path, values: int) -> None:
+    """A valid safetensors file of ``values`` bf16 values, sparse: the size the memory fit reads, no disk used."""
+    raw = json.dumps({"w": {"dtype": "BF16", "shape": [values], "data_offsets": [0, 2 * values]}}).encode()
+    raw += b" " * (-len(raw) % 8)
+    with (directory / "model.safetensors").open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + 2 * values)
+
+
 def test_preflight_refuses_a_ddtree_budget_whose_tree_state_cannot_fit(dirs):
-    """Qwen3.6-27B on 2x RTX A6000: 256 state slots of 146.8 MiB per request do not fit beside the weights."""
+    """Qwen3.6-27B on 2x RTX A6000: 256 state slots per Gated DeltaNet layer and request do not fit beside the
+    weights (the memory fit, tests/unit/test_memory_fit.py); a budget of 15 does, for one request."""
     sys.path.insert(0, str(REPO / "tests" / "fakes"))
     import target_model
 
     target = dirs["tmp"] / "qwen36"
     target.mkdir()
     (target / "config.json").write_text(json.dumps(target_model.config()))
-    (target / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": 55_600_000_000}, "weight_map": {}})
-    )
+    sparse_weights(target, 27_800_000_000)
     venv = dirs["tmp"] / "venv" / "bin"
     venv.mkdir(parents=True)
     (venv / "vllm").write_text("#!/bin/sh\n")
     (venv / "vllm").chmod(0o755)
     dirs["drafter"].mkdir()
-    (dirs["drafter"] / "config.json").write_text("{}")
+    (dirs["drafter"] / "config.json").write_text(
+        json.dumps(
+            {
+                "hidden_size": 5120,
+                "num_hidden_layers": 5,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "dflash_config": {"target_layer_ids": [1, 16, 31, 46, 61]},
+            }
+        )
+    )
+    sparse_weights(dirs["drafter"], 1_730_000_000)
     args = [
         "-e",
         f"service_swap_vllm_executable={dirs['tmp']}/venv/bin/vllm",
@@ -427,15 +448,14 @@ def test_preflight_refuses_a_ddtree_budget_whose_tree_state_cannot_fit(dirs):
     ]
     res = preflight(dirs, *args)
     assert res.returncode == 2
-    assert (
-        "a DDTree request keeps 256 recurrent state slots of 146.8 MiB (18.4 GiB per GPU at tensor parallel 2), more"
-        " than the 17.3 GiB a GPU has left for vLLM after the weights; lower shared_settings_ddtree_budget (or raise the tensor"
-        " parallel size). Nothing was changed."
-    ) in " ".join(res.stdout.split())
+    out = " ".join(res.stdout.split())
+    assert "1 requests of max_model_len=32768 (service_swap_max_num_seqs) need" in out, out
+    assert "(256 slots of 3.3 MiB in each of 48 layers: one per verified token and the root)" in out, out
+    assert "Fix: not even one request fits" in out and "Nothing was changed." in out, out
     # A budget of 15 fits: the preflight goes on to the next check (the SGLang unit).
     args[-1] = args[-1].replace('"shared_settings_ddtree_budget": 255', '"shared_settings_ddtree_budget": 15')
     res = preflight(dirs, *args)
-    assert "recurrent state slots" not in res.stdout
+    assert "requests of max_model_len" not in res.stdout, res.stdout
     assert "Read the SGLang unit the swap may have to restore" in res.stdout
 
 
