@@ -559,3 +559,22 @@ def test_a_refusal_is_declared_in_service_swap_result_for_the_caller(dirs):
     reason = "service_swap_max_num_seqs is 0; it must be at least 1. Fix the inventory; nothing was changed."
     assert out["result"] == {"status": "refused", "failed_task": "Check the swap's settings", "reason": reason}
     assert out["msg"] == reason
+
+
+def test_a_refusal_is_printed_by_one_task_only(dirs):
+    """Issue 44: main.yml's rescue repeated the refusal; now the rescue's failure points at it, and the
+    result fact keeps it."""
+    play = dirs["tmp"] / "main.yml"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role: {name: service_swap}\n"
+    )
+    res = ansible(dirs["tmp"], str(play), "-e", "service_swap_spec_method=bogus")
+    assert res.returncode == 2
+    sentence = "service_swap_spec_method is bogus; it must be dflash or ddtree."
+    tasks = [block for block in res.stdout.split("TASK [") if sentence in block.split("ROLLOUT REPORT")[0]]
+    assert [block.split("]")[0] for block in tasks] == ["service_swap : Check the swap's settings"], res.stdout
+    assert (
+        'service_swap refused on localhost at "Check the swap\'s settings": the reason is above, and in '
+        "service_swap_result.reason." in res.stdout
+    )
