@@ -541,7 +541,7 @@ def test_render_unit_validates_the_role_s_argument_spec_so_a_number_cannot_injec
 
 def test_a_refusal_is_declared_in_service_swap_result_for_the_caller(dirs):
     """The main entry point, stopped by its preflight, leaves service_swap_result (status refused,
-    the task, the reason) and fails the host with the same sentence: roles/tune reads the result,
+    the task, the reason) and fails the host with one line pointing at it: roles/tune reads the result,
     never the message (issue 44)."""
     play = dirs["tmp"] / "caller.yml"
     play.write_text(
@@ -558,7 +558,10 @@ def test_a_refusal_is_declared_in_service_swap_result_for_the_caller(dirs):
     out = json.loads((dirs["tmp"] / "result.json").read_text())
     reason = "service_swap_max_num_seqs is 0; it must be at least 1. Fix the inventory; nothing was changed."
     assert out["result"] == {"status": "refused", "failed_task": "Check the swap's settings", "reason": reason}
-    assert out["msg"] == reason
+    assert out["msg"] == (
+        'service_swap refused on localhost at "Check the swap\'s settings": the reason is above, and in '
+        "service_swap_result.reason."
+    )
 
 
 def test_a_refusal_is_printed_by_one_task_only(dirs):
