@@ -405,10 +405,12 @@ def fit_verdict(fit: Fit, lower: bool, max_model_len: int, hostname: str = "the 
             "not even one request fits: lower service_swap_max_model_len or service_swap_max_num_batched_tokens, "
             "lower the DDTree budget, raise shared_settings_gpu_memory_utilization or the tensor parallel size"
         )
+    # The headline and the fix first: roles/tune records a refused candidate's first 300 characters.
     return {
         "refuse": (
             f"{fit.max_num_seqs} requests of max_model_len={max_model_len} (service_swap_max_num_seqs) need "
-            f"{_gib(needed)} of KV cache per GPU and {fit.fits} fit on {hostname}: {parts}. Fix: {change}"
+            f"{_gib(needed)} of KV cache per GPU and {fit.fits} fit on {hostname}. Fix: {change}. How it adds up: "
+            f"{parts}"
         ),
         "note": "",
         "max_num_seqs": fit.max_num_seqs,

@@ -21,6 +21,7 @@ from ansible.module_utils.memory_fit import (
     recurrent_state_bytes,
 )
 from memory_fit import service_swap_memory_fit
+from swap_outcome import tune_candidate_reason
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "ddtree" / "results"
@@ -203,13 +204,18 @@ def test_a_misfit_refuses_with_every_part_and_the_setting_to_change() -> None:
     assert verdict["max_num_seqs"] == 32 and verdict["note"] == ""
     assert verdict["refuse"] == (
         "32 requests of max_model_len=32768 (service_swap_max_num_seqs) need 184.57 GiB of KV cache per GPU and 11 "
-        "fit on qwen-ct101: per GPU 126.36 GiB for vLLM (memory x gpu_memory_utilization) holds the target's weights "
+        "fit on qwen-ct101. Fix: set service_swap_max_num_seqs to 11 or less (or service_swap_fit_lower_max_num_seqs: "
+        "true to let the role lower it), lower service_swap_max_model_len, or raise the tensor parallel size. How it "
+        "adds up: per GPU 126.36 GiB for vLLM (memory x gpu_memory_utilization) holds the target's weights "
         "51.78 GiB, the drafter's 3.22 GiB, the profile run's peak 3.71 GiB, the reserve 2.00 GiB "
         "(service_swap_fit_reserve_mib), leaving 65.64 GiB for the KV cache; one request of max_model_len=32768 needs "
         "5.77 GiB, 2.64 GiB of it recurrent state (16 slots of 3.4 MiB in each of 48 layers: one per verified token "
-        "and the root). Fix: set service_swap_max_num_seqs to 11 or less (or service_swap_fit_lower_max_num_seqs: "
-        "true to let the role lower it), lower service_swap_max_model_len, or raise the tensor parallel size"
+        "and the root)"
     )
+    # roles/tune records a refused candidate's reason cut to 300 characters: the count and the fix are in it.
+    reason = tune_candidate_reason({"status": "refused", "reason": verdict["refuse"] + ". Nothing was changed."}, {})
+    assert reason.startswith("32 requests of max_model_len=32768 (service_swap_max_num_seqs) need 184.57 GiB")
+    assert "11 fit on qwen-ct101. Fix: set service_swap_max_num_seqs to 11 or less" in reason
 
 
 def test_the_operator_switch_lowers_max_num_seqs_to_what_fits() -> None:
@@ -227,10 +233,11 @@ def test_not_even_one_request_is_refused_even_with_the_switch() -> None:
     assert result.fits == 0
     verdict = fit_verdict(result, lower=True, max_model_len=1_048_576)
     assert verdict["refuse"].startswith("4 requests of max_model_len=1048576 (service_swap_max_num_seqs) need")
-    assert verdict["refuse"].endswith(
+    assert (
         "Fix: not even one request fits: lower service_swap_max_model_len or service_swap_max_num_batched_tokens, "
-        "lower the DDTree budget, raise shared_settings_gpu_memory_utilization or the tensor parallel size"
-    )
+        "lower the DDTree budget, raise shared_settings_gpu_memory_utilization or the tensor parallel size. How it "
+        "adds up: per GPU"
+    ) in verdict["refuse"]
 
 
 def test_an_h100_at_the_role_defaults_fits_one_request() -> None:
