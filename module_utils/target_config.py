@@ -1,9 +1,8 @@
-"""The target model's config.json and weight index fields that arithmetic reads, validated first (issue 43, class 6).
+"""The target model's config.json fields that arithmetic reads, validated first (issue 43, class 6).
 
-service_swap's DDTree state check multiplies the target's Gated DeltaNet sizes and subtracts the
-weights' total size from a GPU's memory. Those numbers come from files on the node: "sixteen" gave
-a raw "invalid literal for int()", Infinity or null a raw filter exception, and a negative
-metadata.total_size turned the check off. Each field is checked here for type, finiteness, sign
+service_swap's memory fit (module_utils/memory_fit.py) multiplies the target's Gated DeltaNet and
+attention sizes. Those numbers come from files on the node: "sixteen" gave a raw "invalid literal
+for int()", Infinity or null a raw filter exception. Each field is checked here for type, finiteness, sign
 and range, and a refusal names the file and the field and says what to do.
 
 Standard library and ansible.module_utils only.
@@ -25,8 +24,6 @@ MAX_HEADS = 4096
 MAX_HEAD_DIM = 65536
 MAX_CONV_WIDTH = 64
 MAX_LAYERS = 4096
-# A weight index's total size: at most a pebibyte of tensors.
-MAX_TOTAL_SIZE = 2**50
 
 GDN_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
 
@@ -95,27 +92,6 @@ def gdn_shape(config: Any, path: str = "config.json") -> GdnShape:
     except FigureError as exc:
         raise TargetConfigError(f"{exc}; {_fix(path)}") from None
     return GdnShape(layers, *values, conv_width=width)
-
-
-def index_total_size(index: Any, path: str = "model.safetensors.index.json") -> int:
-    """metadata.total_size of a weight index: a whole number of bytes from 0 to 2**50; 0 when the index is
-    absent (``index`` empty) or gives none, which only makes a check that subtracts it more lenient."""
-    if index is None or index == {}:
-        return 0
-    fix = f"fix {path} (the model's weight index) or replace the model"
-    if not isinstance(index, Mapping):
-        raise TargetConfigError(f"{path} holds {type(index).__name__}, not a JSON object; {fix}")
-    meta = index.get("metadata")
-    if meta is None:
-        return 0
-    if not isinstance(meta, Mapping):
-        raise TargetConfigError(f"{path}: metadata is {type(meta).__name__}, not a JSON object; {fix}")
-    if meta.get("total_size") is None:
-        return 0
-    try:
-        return whole_field(meta.get("total_size"), f"{path}: metadata.total_size", 0, MAX_TOTAL_SIZE)
-    except FigureError as exc:
-        raise TargetConfigError(f"{exc}; {fix}") from None
 
 
 def memory_fraction(value: Any, where: str) -> float:

@@ -21,6 +21,22 @@ In float16 the Qwen3.5/3.6 target keeps its captured hidden states in float32 (G
 which the profile counts; ``--dtype float16`` checks that.
 
 Each engine runs in its own process (``case``), one after the other.
+
+``fit`` proves service_swap's memory fit (module_utils/memory_fit.py) against vLLM on the GPU: it starts
+vLLM at the Qwen3.6-27B shapes with the role's defaults (roles/service_swap and roles/shared_settings
+defaults: max_model_len, max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, the draft length,
+the DDTree budget; tensor parallel 1; CUDA graphs as the role renders them; the dummy weights vLLM
+reports stand for the checkpoints' sizes), reads what vLLM measured
+(weights, the profile's peak, what it holds besides, the KV cache it sized and how many requests of
+max_model_len it holds) and writes them beside the fit's figures for the same GPU and settings:
+
+    python3 -m ddtree.gpu.memory_profile_check fit /tmp/out [--method ddtree|dflash] [--mamba-ssm-dtype float32]
+    # writes /tmp/out/memory_fit_27b_<method>_<gpu>.json; exit 0 when every check in "checks" holds
+
+Run it on an H100 (80 GB) and an H200 (141 GB). The checks: the KV cache one request needs is vLLM's to
+the byte; the profile estimate is within 10% of vLLM's peak or above it; the reserve covers what vLLM
+holds besides (non-torch memory, its CUDA-graph estimate, and what nvidia-smi counts beyond CUDA's total);
+the fit admits no more requests than vLLM.
 """
 
 from __future__ import annotations
@@ -171,6 +187,174 @@ def driver(out: Path, shape: str, methods: list[str], dtype: str) -> int:
     return 0 if summary.get("profile_covers_the_tree_step") and summary.get("all_tokens") else 1
 
 
+# The role defaults the fit proof runs at (literal values in the roles' defaults files).
+FIT_DEFAULTS = {
+    "roles/service_swap/defaults/main.yml": (
+        "service_swap_max_model_len",
+        "service_swap_max_num_seqs",
+        "service_swap_max_num_batched_tokens",
+        "service_swap_fit_reserve_mib",
+    ),
+    "roles/shared_settings/defaults/main.yml": (
+        "shared_settings_gpu_memory_utilization",
+        "shared_settings_num_speculative_tokens",
+        "shared_settings_ddtree_budget",
+    ),
+}
+# The profile estimate may be above vLLM's peak (the safe side) or at most this much below it.
+PROFILE_TOLERANCE = 0.10
+
+
+def role_defaults() -> dict:
+    """The role's defaults the fit proof runs at, read from the defaults files."""
+    import yaml
+
+    out = {}
+    for path, names in FIT_DEFAULTS.items():
+        data = yaml.safe_load((REPO / path).read_text())
+        out.update({name: data[name] for name in names})
+    return out
+
+
+def nvidia_smi_total_mib() -> int | None:
+    """GPU 0's memory.total as nvidia-smi reports it (gpu_check's fact), or None."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=dict(os.environ, LC_ALL="C"),
+        ).stdout
+        return int(out.split()[0])
+    except (OSError, subprocess.CalledProcessError, ValueError, IndexError):
+        return None
+
+
+def fit_checks(measured: dict, predicted: dict) -> dict:
+    """The proof's verdicts, each a boolean (see the module's docstring). What vLLM holds besides weights,
+    profile and KV cache counts against the reserve, with the share of memory nvidia-smi reports beyond
+    what CUDA gives vLLM (the fit's budget is nvidia-smi's total x gpu_memory_utilization)."""
+    besides = (
+        measured["non_torch_bytes"]
+        + measured["cudagraph_estimate_bytes"]
+        + max(predicted["budget_bytes"] - measured["requested_bytes"], 0)
+    )
+    return {
+        "request_bytes_equal": predicted["request_bytes"] == measured["request_bytes"],
+        "profile_within_tolerance_or_above": predicted["profile_bytes"]
+        >= (1 - PROFILE_TOLERANCE) * measured["profile_peak_bytes"],
+        "reserve_covers_what_vllm_holds_besides": predicted["reserve_bytes"] >= besides,
+        "fit_admits_no_more_than_vllm": predicted["fits"] <= measured["max_concurrency"],
+    }
+
+
+def run_fit(out: Path, method: str, mamba_ssm_dtype: str | None) -> int:
+    import torch
+    from vllm import LLM
+
+    from ddtree import repo
+    from ddtree.bench import step_cost
+
+    mf = repo.module_util("memory_fit")
+    d = role_defaults()
+    root = Path(tempfile.mkdtemp(prefix="memory_fit_"))
+    target, drafter = step_cost.write_models("27b", root)
+    if mamba_ssm_dtype:
+        config = json.loads((target / "config.json").read_text())
+        config["text_config"]["mamba_ssm_dtype"] = mamba_ssm_dtype
+        (target / "config.json").write_text(json.dumps(config, indent=1))
+    depth = int(d["shared_settings_num_speculative_tokens"])
+    budget = int(d["shared_settings_ddtree_budget"]) if method == "ddtree" else depth
+    seqs, tokens = int(d["service_swap_max_num_seqs"]), int(d["service_swap_max_num_batched_tokens"])
+    spec: dict = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": depth}
+    compilation: dict = {}
+    if method == "ddtree":
+        spec.update(method="ddtree", ddtree_budget=budget)
+        compilation = {"cudagraph_capture_sizes": step_cost.ddtree_cudagraph_sizes(seqs, budget, tokens)}
+    llm = LLM(
+        model=str(target),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        max_model_len=int(d["service_swap_max_model_len"]),
+        max_num_seqs=seqs,
+        max_num_batched_tokens=tokens,
+        enable_prefix_caching=False,
+        gpu_memory_utilization=float(d["shared_settings_gpu_memory_utilization"]),
+        speculative_config=spec,
+        compilation_config=compilation,
+        **step_cost.shape_engine_args("27b"),
+    )
+
+    def figures(worker):
+        from vllm.v1.core.kv_cache_utils import _max_memory_usage_bytes_from_groups
+
+        worker = getattr(worker, "worker", worker)
+        runner = worker.model_runner
+        config = runner.kv_cache_config
+        request = _max_memory_usage_bytes_from_groups(worker.vllm_config, config.kv_cache_groups)
+        group_size = max(len(g.layer_names) for g in config.kv_cache_groups)
+        page = config.kv_cache_groups[0].kv_cache_spec.page_size_bytes
+        return {
+            "weights_bytes": int(runner.model_memory_usage),
+            "profile_peak_bytes": int(worker.peak_activation_memory),
+            "non_torch_bytes": int(worker.non_torch_memory),
+            "cudagraph_estimate_bytes": int(getattr(worker, "cudagraph_memory_estimate", 0) or 0),
+            "requested_bytes": int(worker.requested_memory),
+            "kv_available_bytes": int(worker.available_kv_cache_memory_bytes),
+            "num_blocks": int(config.num_blocks),
+            "request_bytes": int(request),
+            "max_concurrency": int(config.num_blocks // -(-request // (group_size * page))),
+        }
+
+    measured = llm.collective_rpc(figures)[0]
+    _free, total = torch.cuda.mem_get_info()
+    smi_mib = nvidia_smi_total_mib() or total // mf.MIB
+    target_cfg = json.loads((target / "config.json").read_text())
+    drafter_cfg = json.loads((drafter / "config.json").read_text())
+    # The weights are an input of the fit (safetensors headers on a node); here vLLM's own figure, split
+    # between target and drafter by their shapes does not matter: only the sum is subtracted.
+    fit = mf.memory_fit(
+        target_cfg,
+        drafter_cfg,
+        target_weights=measured["weights_bytes"],
+        drafter_weights=0,
+        gpu_memory_mib=smi_mib,
+        gpu_memory_utilization=float(d["shared_settings_gpu_memory_utilization"]),
+        tensor_parallel_size=1,
+        max_model_len=int(d["service_swap_max_model_len"]),
+        max_num_seqs=seqs,
+        max_num_batched_tokens=tokens,
+        spec_tokens=budget,
+        depth=depth,
+        ddtree=method == "ddtree",
+        reserve_mib=int(d["service_swap_fit_reserve_mib"]),
+    )
+    predicted = {
+        "budget_bytes": fit.budget,
+        "profile_bytes": fit.profile,
+        "reserve_bytes": fit.reserve,
+        "kv_available_bytes": fit.kv_available,
+        "request_bytes": fit.request,
+        "fits": fit.fits,
+    }
+    gpu = torch.cuda.get_device_name(0)
+    record = {
+        "hardware": f"{gpu}, {smi_mib} MiB (nvidia-smi, what the role reads), {total // mf.MIB} MiB (torch)",
+        "command": f"python3 -m ddtree.gpu.memory_profile_check fit OUT --method {method}"
+        + (f" --mamba-ssm-dtype {mamba_ssm_dtype}" if mamba_ssm_dtype else ""),
+        "settings": {**d, "method": method, "budget": budget, "tensor_parallel_size": 1},
+        "measured": measured,
+        "predicted": predicted,
+        "checks": fit_checks(measured, predicted),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    tag = "h200" if "H200" in gpu else ("h100" if "H100" in gpu else "gpu")
+    (out / f"memory_fit_27b_{method}_{tag}.json").write_text(json.dumps(record, indent=1))
+    print(json.dumps(record, indent=1))
+    return 0 if all(record["checks"].values()) else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -183,7 +367,14 @@ def main() -> int:
     for s in sub.choices.values():
         s.add_argument("--shape", choices=sorted(MEMORY_UTILIZATION), default="8b")
         s.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    s = sub.add_parser("fit")
+    s.add_argument("out", type=Path)
+    s.add_argument("--method", choices=["ddtree", "dflash"], default="ddtree")
+    s.add_argument("--mamba-ssm-dtype", choices=["float32"], default=None)
     a = ap.parse_args()
+    if a.cmd == "fit":
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        return run_fit(a.out, a.method, a.mamba_ssm_dtype)
     if a.cmd == "case":
         a.dest.write_text(json.dumps(run_case(a.method, a.shape, a.dtype), indent=1))
         return 0

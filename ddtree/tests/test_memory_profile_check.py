@@ -47,3 +47,50 @@ def test_no_verdict_without_a_finished_tree_case_or_with_short_outputs(check):
     assert "profile_covers_the_tree_step" not in summary
     summary = check.summarise("8b", {"ddtree64": case(profile=1.0, step=0.5, tokens=23)})
     assert summary["all_tokens"] is False
+
+
+def measured(**kw) -> dict:
+    out = {
+        "profile_peak_bytes": 4 * GIB,
+        "non_torch_bytes": GIB // 2,
+        "cudagraph_estimate_bytes": GIB // 2,
+        "requested_bytes": 70 * GIB,
+        "request_bytes": 5 * GIB,
+        "max_concurrency": 2,
+    }
+    out.update(kw)
+    return out
+
+
+def predicted(**kw) -> dict:
+    out = {
+        "budget_bytes": 70 * GIB,
+        "profile_bytes": 4 * GIB,
+        "reserve_bytes": 2 * GIB,
+        "request_bytes": 5 * GIB,
+        "fits": 2,
+    }
+    out.update(kw)
+    return out
+
+
+def test_the_fit_proof_holds_when_every_part_agrees(check):
+    assert all(check.fit_checks(measured(), predicted()).values())
+
+
+def test_the_fit_proof_fails_each_check_on_its_own(check):
+    """Each verdict can fail: a request of another size, a profile estimate too low, a reserve that does not
+    cover what vLLM holds besides (with nvidia-smi's extra share), a fit that admits more than vLLM."""
+    assert not check.fit_checks(measured(), predicted(request_bytes=5 * GIB + 1))["request_bytes_equal"]
+    low = check.fit_checks(measured(), predicted(profile_bytes=int(3.5 * GIB)))
+    assert not low["profile_within_tolerance_or_above"]
+    assert check.fit_checks(measured(), predicted(profile_bytes=int(3.7 * GIB)))["profile_within_tolerance_or_above"]
+    short = check.fit_checks(measured(), predicted(budget_bytes=71 * GIB + 1))
+    assert not short["reserve_covers_what_vllm_holds_besides"]
+    assert not check.fit_checks(measured(), predicted(fits=3))["fit_admits_no_more_than_vllm"]
+
+
+def test_the_fit_proof_runs_at_the_role_defaults(check):
+    defaults = check.role_defaults()
+    assert set(defaults) == {name for names in check.FIT_DEFAULTS.values() for name in names}
+    assert all(isinstance(v, (int, float)) for v in defaults.values())

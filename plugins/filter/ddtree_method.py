@@ -1,12 +1,13 @@
 """Whether ddtree_patch's change set can verify trees on a target, and the rules of the vLLM base it runs on.
 
 Trees need branch-local recurrent state on targets with recurrent layers. Which recurrent layers get
-it (and at which convolution width), the bytes of that state, the scheduler's draft slots and the
-CUDA-graph sizes are rules of the vLLM base (one release with the engine's change set for it), read
-from its descriptor ddtree/vllm-<release>/base.json (module_utils/ddtree_base.py): a target with
-other recurrent layers runs the DFlash chain. The same rules are in the change set itself, which
-vLLM applies at start; the descriptor lets the roles say so before anything is started. Adding a
-base is adding its folder, not changing this file.
+it (and at which convolution width), the scheduler's draft slots and the CUDA-graph sizes are rules
+of the vLLM base (one release with the engine's change set for it), read from its descriptor
+ddtree/vllm-<release>/base.json (module_utils/ddtree_base.py): a target with other recurrent layers
+runs the DFlash chain. The same rules are in the change set itself, which vLLM applies at start; the
+descriptor lets the roles say so before anything is started. Adding a base is adding its folder, not
+changing this file. What the tree state costs in memory is service_swap's memory fit
+(module_utils/memory_fit.py).
 
 Each filter takes the vLLM release (``vllm_version``; without it, the engine's sole base) and
 ``engine_home`` (the folder holding the bases; the repository's ddtree/ by default).
@@ -27,27 +28,13 @@ for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(Path(__file__).resolve().pa
         ansible.module_utils.__path__.append(_p)
 
 from ansible.module_utils.ddtree_base import BaseRules, NoBaseError, load_rules, release_of, releases
-from ansible.module_utils.target_config import (
-    GDN,
-    MAX_TOTAL_SIZE,
-    TargetConfigError,
-    gdn_shape,
-    index_total_size,
-    layer_kinds,
-    memory_fraction,
-    setting,
-)
+from ansible.module_utils.target_config import GDN, TargetConfigError, layer_kinds
 
 # The DDTree engine's home: one vllm-<release>/ folder (with its base.json) per base.
 ENGINE_HOME = Path(__file__).resolve().parents[2] / "ddtree"
 # Recurrent layer kinds of published models (config.json layer_types or layers_block_type), by the
 # name a message gives them; which of them get tree state is the base's rule.
 RECURRENT_LAYERS = {GDN: "Gated DeltaNet", "mamba": "Mamba", "mamba2": "Mamba"}
-# A budget, a batch, a tensor-parallel size and a GPU's MiB beyond these are no setting of a real node.
-MAX_BUDGET = 4096
-MAX_SEQS = 65536
-MAX_TP = 1024
-MAX_GPU_MIB = 2**24
 
 
 def base_rules(vllm_version: str | None = None, engine_home: str | Path | None = None) -> BaseRules:
@@ -65,7 +52,7 @@ def _names(kinds: list[str] | tuple[str, ...]) -> str:
 
 
 def _text_config(config: Any) -> Mapping[str, Any]:
-    """The text model's settings; {} for a config that is not a JSON object (ddtree_state_check says so)."""
+    """The text model's settings; {} for a config that is not a JSON object."""
     if not isinstance(config, Mapping):
         return {}
     text = config.get("text_config")
@@ -124,104 +111,6 @@ def ddtree_fallback_reason(config: Mapping[str, Any], vllm_version: str, engine_
     return ""
 
 
-def recurrent_state_bytes(
-    config: Mapping[str, Any],
-    config_path: str = "config.json",
-    vllm_version: str | None = None,
-    engine_home: str | Path | None = None,
-) -> int:
-    """Bytes of one state slot across the target's Gated DeltaNet layers (unsharded), at the base's bytes
-    per element (vLLM 0.20.1: the recurrent state in float32, the convolution window in bf16).
-
-    A DDTree step keeps budget + 1 slots per request (one per verified row).
-    Qwen3.6-27B: 48 layers x (48 x 128 x 128 float32 + 10240 x 3 bf16) = about 147 MiB.
-    Every size is validated first (module_utils/target_config.py): TargetConfigError names the field.
-    """
-    shape = gdn_shape(config, config_path)
-    if not shape.layers:
-        return 0
-    base = base_rules(vllm_version, engine_home)
-    ssm = shape.value_heads * shape.value_head_dim * shape.key_head_dim * base.recurrent_bytes
-    conv = (
-        (2 * shape.key_heads * shape.key_head_dim + shape.value_heads * shape.value_head_dim)
-        * (shape.conv_width - 1)
-        * base.conv_bytes
-    )
-    return shape.layers * (ssm + conv)
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
-def ddtree_state_check(
-    config: Mapping[str, Any],
-    budget: int,
-    max_num_seqs: int,
-    tensor_parallel_size: int,
-    gpu_memory_mib: int,
-    gpu_memory_utilization: float,
-    weights_bytes: int = 0,
-    index: Any = None,
-    config_path: str = "config.json",
-    index_path: str = "model.safetensors.index.json",
-    vllm_version: str | None = None,
-    engine_home: str | Path | None = None,
-) -> dict[str, str]:
-    """Whether the tree's recurrent state fits: ``{"refuse": ..., "warn": ...}`` (empty strings if fine).
-
-    A request keeps ``budget + 1`` state slots, sharded over the tensor-parallel GPUs with the
-    heads. What a GPU holds for vLLM is ``gpu_memory_mib x gpu_memory_utilization`` less its share
-    of the weights (``weights_bytes``, 0 when unknown, which only makes the check more lenient).
-    One request that cannot fit is refused; fewer than ``max_num_seqs`` at once is a warning (vLLM
-    then admits fewer requests at a time).
-
-    ``index``: the target's weight index (its metadata.total_size is the weights' size, taken over
-    ``weights_bytes``). The target's files are the node's: every field is validated before any
-    arithmetic, and one that is not a number in range refuses with the file and the field named
-    (``config_path``, ``index_path``), never a raw exception or a check turned off (issue 43).
-    """
-    try:
-        slot = recurrent_state_bytes(config, config_path, vllm_version, engine_home)
-        if slot == 0:
-            return {"refuse": "", "warn": ""}
-        weights = index_total_size(index, index_path) if index not in (None, {}) else None
-        if weights is None:
-            weights = setting(weights_bytes or 0, "the weights' size", 0, MAX_TOTAL_SIZE)
-        budget = setting(budget, "the DDTree budget", 1, MAX_BUDGET)
-        max_num_seqs = setting(max_num_seqs, "service_swap_max_num_seqs", 1, MAX_SEQS)
-        tp = max(setting(tensor_parallel_size, "service_swap_tensor_parallel_size", 0, MAX_TP), 1)
-        gpu_mib = setting(gpu_memory_mib, "the GPU's memory_total_mib (gpu_check's facts)", 1, MAX_GPU_MIB)
-        share = memory_fraction(gpu_memory_utilization, "shared_settings_gpu_memory_utilization")
-    except TargetConfigError as exc:
-        return {"refuse": f"the DDTree state check cannot run: {exc}", "warn": ""}
-    per_request = (budget + 1) * slot / tp
-    free = gpu_mib * 2**20 * share - weights / tp
-    what = (
-        f"a DDTree request keeps {budget + 1} recurrent state slots of {slot / 2**20:.1f} MiB "
-        f"({_gib(per_request)} per GPU at tensor parallel {tp})"
-    )
-    if per_request > free:
-        return {
-            "refuse": (
-                f"{what}, more than the {_gib(max(free, 0))} a GPU has left for vLLM after the weights; "
-                "lower shared_settings_ddtree_budget (or raise the tensor parallel size)"
-            ),
-            "warn": "",
-        }
-    fits = int(free // per_request)
-    if fits < max_num_seqs:
-        return {
-            "refuse": "",
-            "warn": (
-                f"{what}: at most {fits} of service_swap_max_num_seqs={max_num_seqs} requests fit at once "
-                "beside the weights, before any KV cache; vLLM admits fewer at a time (lower the budget or "
-                "max_num_seqs to match)"
-            ),
-        }
-    return {"refuse": "", "warn": ""}
-
-
 def draft_slots(
     max_num_seqs: Any, verify_tokens: Any, vllm_version: str | None = None, engine_home: str | Path | None = None
 ) -> int:
@@ -277,8 +166,6 @@ class FilterModule:
             "ddtree_fallback_reason": ddtree_fallback_reason,
             "ddtree_target_layer_problem": target_layer_problem,
             "ddtree_target_is_hybrid": target_is_hybrid,
-            "recurrent_state_bytes": recurrent_state_bytes,
-            "ddtree_state_check": ddtree_state_check,
             "ddtree_cudagraph_sizes": ddtree_cudagraph_sizes,
             "ddtree_draft_slots": draft_slots,
             "ddtree_bases": ddtree_bases,

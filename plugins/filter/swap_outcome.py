@@ -61,9 +61,66 @@ def tune_candidate_reason(swap_result: Any, failed_result: Any) -> str:
     return _cut(text)
 
 
+def _yes(value: Any) -> bool:
+    """A flag as templating hands it over: True, or the text true."""
+    return value is True or str(value).strip().lower() == "true"
+
+
+def service_swap_rollback_report(facts: Mapping[str, Any]) -> str:
+    """The one paragraph a host fails with after the swap's rescue put SGLang back (tasks/rollback.yml):
+    what failed, what was restored, whether SGLang answers, where to look, and the tail of vLLM's journal.
+
+    ``facts``: host, failed_task, reason, vllm_unit, unit_restored (the previous unit file was put back),
+    had_backup (a previous unit file existed), sglang_unit, sglang_healthy, sglang_port, sglang_problem,
+    unit_path, drafter_dir, fact_file, journal (lines, already cleaned for a terminal).
+    """
+    f = facts if isinstance(facts, Mapping) else {}
+    if _yes(f.get("unit_restored")):
+        unit = "previous unit file put back"
+    elif _yes(f.get("had_backup")):
+        unit = "unit file unchanged"
+    else:
+        unit = "the new unit file is left in place, disabled"
+    sglang = f.get("sglang_unit", "")
+    if _yes(f.get("sglang_healthy")):
+        serving = f"{sglang} started, enabled at boot and answering /health on port {f.get('sglang_port', '')}, so the node serves as before."
+    else:
+        serving = (
+            f"WARNING: {sglang} did NOT come back healthy ({f.get('sglang_problem', '')}): this node serves nothing; "
+            f"see journalctl -u {sglang}."
+        )
+    journal = f.get("journal") or []
+    lines = " | ".join(str(line) for line in journal) if isinstance(journal, list) else str(journal)
+    vllm = f.get("vllm_unit", "")
+    return " ".join(
+        [
+            f'service_swap failed on {f.get("host", "")} at "{f.get("failed_task", "")}": {str(f.get("reason", "")).strip()}',
+            f"Restored: {vllm} stopped and disabled ({unit});",
+            serving,
+            f"Look at: journalctl -u {vllm} (last lines below), the unit {f.get('unit_path', '')}, the drafter at "
+            f"{f.get('drafter_dir', '')} and the local fact {f.get('fact_file', '')}; fix the cause and re-run, the swap "
+            "starts over.",
+            f"vLLM journal tail: {lines}",
+        ]
+    )
+
+
+def service_swap_stopped_text(result: Any, host: str) -> str:
+    """The host's failure after main.yml's rescue recorded service_swap_result: one line pointing at the
+    reason already printed by the task that failed (printing it again doubled every refusal, issue 44)."""
+    r = result if isinstance(result, Mapping) else {}
+    status = r.get("status") or "refused"
+    return (
+        f"service_swap {'rolled back' if status == 'rolled_back' else 'refused'} on {host} at "
+        f'"{r.get("failed_task") or "unknown task"}": the reason is above, and in service_swap_result.reason.'
+    )
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "service_swap_failure_text": service_swap_failure_text,
+            "service_swap_rollback_report": service_swap_rollback_report,
+            "service_swap_stopped_text": service_swap_stopped_text,
             "tune_candidate_reason": tune_candidate_reason,
         }

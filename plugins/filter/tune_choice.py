@@ -101,8 +101,17 @@ def tune_candidate_problems(candidates: Any, num_speculative_tokens: int) -> lis
     return problems
 
 
-def tune_traffic_problems(traffic: Any) -> list[str]:
-    """One sentence per thing wrong with ``tune_traffic``; [] when every concurrency can be measured and weighed."""
+def tune_traffic_problems(traffic: Any, max_num_seqs: Any = None) -> list[str]:
+    """One sentence per thing wrong with ``tune_traffic``; [] when every concurrency can be measured and weighed.
+
+    ``max_num_seqs`` (service_swap_max_num_seqs): vLLM runs no more requests at once, so a concurrency above
+    it would measure a queue, not that concurrency; None (or no whole number: service_swap's preflight names
+    it) skips the rule.
+    """
+    try:
+        seqs = int(str(max_num_seqs).strip()) if not isinstance(max_num_seqs, (bool, float)) else None
+    except ValueError:
+        seqs = None
     example = "[{concurrency: 1, weight: 1}, {concurrency: 8, weight: 2}]"
     if not isinstance(traffic, Sequence) or isinstance(traffic, (str, bytes)) or not traffic:
         return [f"tune_traffic must be a non-empty list such as {example}, not {str(traffic)[:60]!r}"]
@@ -129,6 +138,12 @@ def tune_traffic_problems(traffic: Any) -> list[str]:
             )
         else:
             seen.append(concurrency)
+            if seqs is not None and concurrency > seqs:
+                problems.append(
+                    f"{where} has concurrency {concurrency}, more than service_swap_max_num_seqs={seqs} "
+                    "requests vLLM runs at once; lower the concurrency or raise service_swap_max_num_seqs (as far as "
+                    "service_swap's memory fit allows)"
+                )
         if positive_figure(weight) is None:
             problems.append(
                 f"{where} has weight {weight!r}; it must be a number above 0 (how much that concurrency counts)"

@@ -1,4 +1,6 @@
-"""ddtree_patch's decision between trees and the DFlash chain, and the tree state's memory cost."""
+"""ddtree_patch's decision between trees and the DFlash chain, and the CUDA graphs DDTree runs with.
+
+The tree state's memory cost is part of service_swap's memory fit: tests/unit/test_memory_fit.py."""
 
 from __future__ import annotations
 
@@ -14,9 +16,7 @@ from ddtree_method import (
     ddtree_bases,
     ddtree_cudagraph_sizes,
     ddtree_fallback_reason,
-    ddtree_state_check,
     draft_slots,
-    recurrent_state_bytes,
 )
 
 from ddtree.tests import release_files
@@ -63,44 +63,6 @@ def test_a_gdn_convolution_of_another_width_runs_the_chain() -> None:
     assert ddtree_fallback_reason(config, "0.20.1").startswith(
         "the target's Gated DeltaNet layers convolve over 3 tokens"
     )
-
-
-def test_qwen36_state_slot_is_about_147_mib() -> None:
-    # 48 GDN layers x (48 value heads x 128 x 128 float32 + (2 x 16 x 128 + 48 x 128) x 3 bf16)
-    assert recurrent_state_bytes(qwen36()) == 48 * (48 * 128 * 128 * 4 + 10240 * 3 * 2)
-    assert round(recurrent_state_bytes(qwen36()) / 2**20, 1) == 146.8
-
-
-def test_no_recurrent_layers_no_state() -> None:
-    assert recurrent_state_bytes({"model_type": "qwen3", "num_hidden_layers": 36}) == 0
-
-
-def test_qwen36_on_two_a6000s_refuses_a_budget_whose_state_cannot_fit() -> None:
-    # 2x RTX A6000 (49140 MiB), 0.9 of it for vLLM, 55.6 GB of bf16 weights: 11.7 GiB per GPU left.
-    check = ddtree_state_check(qwen36(), 255, 32, 2, 49140, 0.9, weights_bytes=55_600_000_000)
-    assert check["refuse"] == (
-        "a DDTree request keeps 256 recurrent state slots of 146.8 MiB (18.4 GiB per GPU at tensor parallel 2), "
-        "more than the 17.3 GiB a GPU has left for vLLM after the weights; lower shared_settings_ddtree_budget (or raise "
-        "the tensor parallel size)"
-    )
-
-
-def test_qwen36_budget_16_fits_few_requests_at_once() -> None:
-    check = ddtree_state_check(qwen36(), 16, 32, 2, 49140, 0.9, weights_bytes=55_600_000_000)
-    assert check["refuse"] == ""
-    assert check["warn"].startswith("a DDTree request keeps 17 recurrent state slots of 146.8 MiB (1.2 GiB per GPU")
-    assert "at most 14 of service_swap_max_num_seqs=32 requests fit at once" in check["warn"]
-
-
-def test_qwen36_on_an_h200_fits() -> None:
-    assert ddtree_state_check(qwen36(), 16, 8, 1, 143771, 0.9, weights_bytes=55_600_000_000) == {
-        "refuse": "",
-        "warn": "",
-    }
-
-
-def test_a_pure_attention_target_has_no_tree_state() -> None:
-    assert ddtree_state_check({"model_type": "qwen3"}, 1024, 256, 1, 1000, 0.5) == {"refuse": "", "warn": ""}
 
 
 # --- CUDA graphs: what vLLM 0.20.1's own code makes of the sizes service_swap renders ------------
@@ -225,8 +187,8 @@ def test_draft_slots_are_the_verified_tokens_less_one_per_sequence() -> None:
 def synthetic_base(home: Path, release: str = "9.9.9", **changes) -> Path:
     """A base descriptor under ``home`` (vllm-<release>/base.json) whose rules differ from 0.20.1's in
     every field the filters read: trees on Gated DeltaNet and Mamba-2 layers with a width-3
-    convolution, bf16 recurrent state, as many draft slots per sequence as verified tokens, two extra graph tokens per request and
-    at most 4 graphs."""
+    convolution, as many draft slots per sequence as verified tokens, two extra graph tokens per
+    request and at most 4 graphs."""
     descriptor = {
         "format": 1,
         "release": release,
@@ -260,18 +222,11 @@ def test_a_second_base_drives_every_rule_without_code_changes(tmp_path: Path) ->
         "the target has Mamba layers (mamba): trees need branch-local state, which this project's change set "
         "for vLLM 9.9.9 gives only to Gated DeltaNet and Mamba layers, so the DFlash chain runs"
     )
-    # bf16 recurrent state: 48 layers x (48 x 128 x 128 x 2 + 10240 x 2 x 2) bytes.
-    assert recurrent_state_bytes(config, vllm_version="9.9.9", engine_home=home) == 48 * (
-        48 * 128 * 128 * 2 + 10240 * 2 * 2
-    )
     # 64 draft slots per sequence at budget 64; 66 tokens per request; 4 graphs at most.
     assert draft_slots(32, 64, vllm_version="9.9.9", engine_home=home) == 2048
     assert ddtree_cudagraph_sizes(3, 64, 8192, vllm_version="9.9.9", engine_home=home) == [66, 132, 198]
     with pytest.raises(ValueError, match=r"would need 5 CUDA graphs \(more than 4\)"):
         ddtree_cudagraph_sizes(5, 64, 8192, vllm_version="9.9.9", engine_home=home)
-    # The state check multiplies the base's slot: 65 slots of 48 x (48 x 128 x 128 x 2 + ...) bytes.
-    check = ddtree_state_check(config, 64, 1, 1, 2000, 0.9, vllm_version="9.9.9", engine_home=home)
-    assert check["refuse"].startswith("a DDTree request keeps 65 recurrent state slots of 73.9 MiB (4.7 GiB per GPU")
 
 
 def test_the_sole_base_applies_where_no_release_is_named_and_two_need_one(tmp_path: Path) -> None:

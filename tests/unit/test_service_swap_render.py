@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -396,23 +397,43 @@ def test_an_empty_key_on_a_network_address_is_refused_unless_allowed(dirs):
     assert _open_api(dirs, "-e", "service_swap_api_key=sk-abc").returncode == 0
 
 
+def sparse_weights(directory: Path, values: int) -> None:
+    """A valid safetensors file of ``values`` bf16 values, sparse: the size the memory fit reads, no disk used."""
+    raw = json.dumps({"w": {"dtype": "BF16", "shape": [values], "data_offsets": [0, 2 * values]}}).encode()
+    raw += b" " * (-len(raw) % 8)
+    with (directory / "model.safetensors").open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + 2 * values)
+
+
 def test_preflight_refuses_a_ddtree_budget_whose_tree_state_cannot_fit(dirs):
-    """Qwen3.6-27B on 2x RTX A6000: 256 state slots of 146.8 MiB per request do not fit beside the weights."""
+    """Qwen3.6-27B on 2x RTX A6000: 256 state slots per Gated DeltaNet layer and request do not fit beside the
+    weights (the memory fit, tests/unit/test_memory_fit.py); a budget of 15 does, for one request."""
     sys.path.insert(0, str(REPO / "tests" / "fakes"))
     import target_model
 
     target = dirs["tmp"] / "qwen36"
     target.mkdir()
     (target / "config.json").write_text(json.dumps(target_model.config()))
-    (target / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": 55_600_000_000}, "weight_map": {}})
-    )
+    sparse_weights(target, 27_800_000_000)
     venv = dirs["tmp"] / "venv" / "bin"
     venv.mkdir(parents=True)
     (venv / "vllm").write_text("#!/bin/sh\n")
     (venv / "vllm").chmod(0o755)
     dirs["drafter"].mkdir()
-    (dirs["drafter"] / "config.json").write_text("{}")
+    (dirs["drafter"] / "config.json").write_text(
+        json.dumps(
+            {
+                "hidden_size": 5120,
+                "num_hidden_layers": 5,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "dflash_config": {"target_layer_ids": [1, 16, 31, 46, 61]},
+            }
+        )
+    )
+    sparse_weights(dirs["drafter"], 1_730_000_000)
     args = [
         "-e",
         f"service_swap_vllm_executable={dirs['tmp']}/venv/bin/vllm",
@@ -427,15 +448,14 @@ def test_preflight_refuses_a_ddtree_budget_whose_tree_state_cannot_fit(dirs):
     ]
     res = preflight(dirs, *args)
     assert res.returncode == 2
-    assert (
-        "a DDTree request keeps 256 recurrent state slots of 146.8 MiB (18.4 GiB per GPU at tensor parallel 2), more"
-        " than the 17.3 GiB a GPU has left for vLLM after the weights; lower shared_settings_ddtree_budget (or raise the tensor"
-        " parallel size). Nothing was changed."
-    ) in " ".join(res.stdout.split())
+    out = " ".join(res.stdout.split())
+    assert "1 requests of max_model_len=32768 (service_swap_max_num_seqs) need" in out, out
+    assert "(256 slots of 3.3 MiB in each of 48 layers: one per verified token and the root)" in out, out
+    assert "Fix: not even one request fits" in out and "Nothing was changed." in out, out
     # A budget of 15 fits: the preflight goes on to the next check (the SGLang unit).
     args[-1] = args[-1].replace('"shared_settings_ddtree_budget": 255', '"shared_settings_ddtree_budget": 15')
     res = preflight(dirs, *args)
-    assert "recurrent state slots" not in res.stdout
+    assert "requests of max_model_len" not in res.stdout, res.stdout
     assert "Read the SGLang unit the swap may have to restore" in res.stdout
 
 
@@ -521,7 +541,7 @@ def test_render_unit_validates_the_role_s_argument_spec_so_a_number_cannot_injec
 
 def test_a_refusal_is_declared_in_service_swap_result_for_the_caller(dirs):
     """The main entry point, stopped by its preflight, leaves service_swap_result (status refused,
-    the task, the reason) and fails the host with the same sentence: roles/tune reads the result,
+    the task, the reason) and fails the host with one line pointing at it: roles/tune reads the result,
     never the message (issue 44)."""
     play = dirs["tmp"] / "caller.yml"
     play.write_text(
@@ -538,4 +558,26 @@ def test_a_refusal_is_declared_in_service_swap_result_for_the_caller(dirs):
     out = json.loads((dirs["tmp"] / "result.json").read_text())
     reason = "service_swap_max_num_seqs is 0; it must be at least 1. Fix the inventory; nothing was changed."
     assert out["result"] == {"status": "refused", "failed_task": "Check the swap's settings", "reason": reason}
-    assert out["msg"] == reason
+    assert out["msg"] == (
+        'service_swap refused on localhost at "Check the swap\'s settings": the reason is above, and in '
+        "service_swap_result.reason."
+    )
+
+
+def test_a_refusal_is_printed_by_one_task_only(dirs):
+    """Issue 44: main.yml's rescue repeated the refusal; now the rescue's failure points at it, and the
+    result fact keeps it."""
+    play = dirs["tmp"] / "main.yml"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role: {name: service_swap}\n"
+    )
+    res = ansible(dirs["tmp"], str(play), "-e", "service_swap_spec_method=bogus")
+    assert res.returncode == 2
+    sentence = "service_swap_spec_method is bogus; it must be dflash or ddtree."
+    tasks = [block for block in res.stdout.split("TASK [") if sentence in block.split("ROLLOUT REPORT")[0]]
+    assert [block.split("]")[0] for block in tasks] == ["service_swap : Check the swap's settings"], res.stdout
+    assert (
+        'service_swap refused on localhost at "Check the swap\'s settings": the reason is above, and in '
+        "service_swap_result.reason." in res.stdout
+    )

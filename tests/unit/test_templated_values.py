@@ -27,11 +27,6 @@ ALLOWED = {
     "roles/service_swap/tasks/previous_vllm.yml: Refuse when there is no previous vLLM unit to go back to"
     " > ansible.builtin.assert > fail_msg",
     "roles/service_swap/tasks/previous_vllm.yml: Say what check mode would do > ansible.builtin.debug > msg",
-    "roles/service_swap/tasks/rollback.yml: Fail the host with what failed, what was restored and what to look at"
-    " > vars > _service_swap_report > 2",
-    "roles/service_swap/tasks/tree_state.yml: Check one request's tree state fits a GPU > vars > _service_swap_state",
-    "roles/service_swap/tasks/tree_state.yml: Say when fewer requests than max_num_seqs fit at once"
-    " > vars > _service_swap_state",
     "roles/service_swap/vars/main.yml: _service_swap_sglang_problem",
     # roles/tune (being edited by the tune work in flight)
     "roles/tune/tasks/inputs.yml: Work out the inputs' digest, whether the record still holds and whether DDTree can"

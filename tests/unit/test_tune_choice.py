@@ -296,6 +296,21 @@ def test_the_default_traffic_is_fine() -> None:
     assert tune_traffic_levels([{"concurrency": 8, "weight": 0.5}, {"concurrency": 2, "weight": 3}]) == [2, 8]
 
 
+def test_a_concurrency_above_max_num_seqs_is_named() -> None:
+    # vLLM would queue the requests above max_num_seqs: the figure would be a queue's, not that concurrency's.
+    traffic = [{"concurrency": 1, "weight": 3}, {"concurrency": 8, "weight": 1}]
+    assert tune_traffic_problems(traffic, 8) == tune_traffic_problems(traffic, None) == []
+    assert tune_traffic_problems(traffic, "x") == []  # service_swap's preflight names a max_num_seqs that is no number
+    assert (
+        tune_traffic_problems(traffic, "4")
+        == tune_traffic_problems(traffic, 4)
+        == [
+            "tune_traffic[1] has concurrency 8, more than service_swap_max_num_seqs=4 requests vLLM runs at once; lower "
+            "the concurrency or raise service_swap_max_num_seqs (as far as service_swap's memory fit allows)"
+        ]
+    )
+
+
 EXAMPLE = "[{concurrency: 1, weight: 1}, {concurrency: 8, weight: 2}]"
 
 
