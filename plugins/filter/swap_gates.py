@@ -86,6 +86,75 @@ def service_swap_draft_slots_problem(
     )
 
 
+def service_swap_budget_problem(budget: Any, shared_budget: Any, num_speculative_tokens: Any) -> str:
+    """Why the DDTree budget the unit would get is refused ('' when it is empty or at least the tree's
+    depth, num_speculative_tokens); named as the inventory's shared_settings_ddtree_budget, or as the
+    budget roles/tune chose or is measuring when it is not that one."""
+    if budget in (None, "") or _int(budget) >= _int(num_speculative_tokens):
+        return ""
+    name = (
+        "shared_settings_ddtree_budget"
+        if budget == shared_budget
+        else "The DDTree budget roles/tune chose or is measuring"
+    )
+    return (
+        f"{name} is {budget}, below shared_settings_num_speculative_tokens ({num_speculative_tokens}): a DDTree budget"
+        " is at least the tree's depth; raise it or leave it empty."
+    )
+
+
+def service_swap_capture_size_problem(capture_size: Any, verify_tokens: Any) -> str:
+    """Why vLLM 0.20.1 would refuse service_swap_max_cudagraph_capture_size ('' when it would not): a
+    number of tokens other than 0 must hold one request's verified tokens and its root, else no full
+    decode graph is left ("No valid cudagraph sizes after rounding")."""
+    size, need = str(capture_size), int(verify_tokens) + 1
+    if not size.isdigit() or int(size) == 0 or int(size) >= need:
+        return ""
+    return (
+        f"service_swap_max_cudagraph_capture_size is {capture_size}, less than the {need} tokens one request verifies"
+        f" per step: vLLM would refuse to start. Use auto (one graph per batch), 0 (vLLM's default) or at least {need}."
+    )
+
+
+def service_swap_no_previous_unit(previous_unit_path: str, host: str) -> str:
+    """Why rollback_to=previous_vllm refuses when swap.yml never kept an earlier unit."""
+    return (
+        f"No previous vLLM unit on {host} ({previous_unit_path} is missing): service_swap keeps the unit a changed one"
+        " replaced only after the new unit passed its gates while the old one served healthily, so there is no earlier"
+        " vLLM this node served from. Nothing was changed. Go back to SGLang instead with -e rollback_to=sglang."
+    )
+
+
+def service_swap_previous_exec_problem(previous_unit_path: str, executable: str, host: str) -> str:
+    """Why rollback_to=previous_vllm refuses when the previous unit's vLLM venv was pruned."""
+    return (
+        f"The previous vLLM unit {previous_unit_path} runs {executable or 'no ExecStart'}, which is not an executable"
+        f" on {host} (vllm_install keeps vllm_install_keep_venvs venvs and removes older ones). Nothing was changed."
+        " Go back to SGLang with -e rollback_to=sglang, or reinstall that vLLM version with vllm_install."
+    )
+
+
+def service_swap_previous_plan(
+    needed: bool, previous_unit_path: str, unit_path: str, executable: str, vllm_unit: str
+) -> str:
+    """What rollback_to=previous_vllm would do, for --check: restart from the previous unit behind the
+    gates, or nothing when vLLM already serves healthily from it."""
+    if not needed:
+        return f"{vllm_unit} already serves from the previous unit; nothing to do."
+    return (
+        f"Would put {previous_unit_path} in place as {unit_path} (runs {executable}), restart {vllm_unit} and gate it"
+        " on /health, a completion and the acceptance length; on failure put SGLang back."
+    )
+
+
+def _int(value: Any) -> int:
+    """Jinja's ``| int``: a number, else 0."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -94,4 +163,9 @@ class FilterModule:
             "service_swap_draft_slots_problem": service_swap_draft_slots_problem,
             "service_swap_acceptance_problem": service_swap_acceptance_problem,
             "service_swap_gpus_busy_problem": service_swap_gpus_busy_problem,
+            "service_swap_budget_problem": service_swap_budget_problem,
+            "service_swap_capture_size_problem": service_swap_capture_size_problem,
+            "service_swap_no_previous_unit": service_swap_no_previous_unit,
+            "service_swap_previous_exec_problem": service_swap_previous_exec_problem,
+            "service_swap_previous_plan": service_swap_previous_plan,
         }

@@ -1,4 +1,5 @@
-"""Whether the tune role's controller-side report of a host is already up to date (roles/tune).
+"""The tune role's report of a host (roles/tune): whether the controller-side files are up to date,
+and the sentences that end a tuning (where the figures are; why the host failed).
 
 The report is reports/tune/<host>.json and the plot drawn from it beside it (<host>.png). On an
 idempotent run the JSON's content does not change, and drawing the plot again costs the
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from typing import Any
 
 DIR_MODE = 0o755
@@ -40,6 +42,39 @@ def tune_report_current(json_path: str, content: str, png_path: str) -> bool:
         return False
 
 
+def tune_figures_text(
+    result: Mapping[str, Any], host: str, json_path: str, png_path: str, plot: Mapping[str, Any]
+) -> str:
+    """What serves, why, and where the figures are. ``plot`` is the plot task's result: skipped where
+    the report was already current (its plot is there), else what tune_plot.py said (nothing when it
+    said nothing)."""
+    if plot.get("skipped"):
+        where = f"; plot {png_path}"
+    else:
+        said = str(plot.get("stdout") or "")
+        where = f"; {said}" if said else ""
+    return (
+        f"{host} serves {result.get('winner') or 'no candidate'}: {result.get('reason')}. Figures: {json_path}{where}"
+    )
+
+
+def tune_failure_text(reason: Any, host: str, serving: Any, sglang_unit: str, vllm_unit: str) -> str:
+    """Why the host fails when no candidate won, whether SGLang serves again, and what to do."""
+    sglang = (
+        "serves again"
+        if serving == "sglang"
+        else f"did NOT come back healthy: the node serves nothing; see journalctl -u {sglang_unit}"
+    )
+    return (
+        f"tune failed on {host}: {reason}. {sglang_unit} {sglang}. Fix the cause (journalctl -u {vllm_unit},"
+        f" reports/tune/{host}.json) and re-run playbooks/tune.yml."
+    )
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"tune_report_current": tune_report_current}
+        return {
+            "tune_report_current": tune_report_current,
+            "tune_figures_text": tune_figures_text,
+            "tune_failure_text": tune_failure_text,
+        }

@@ -321,6 +321,27 @@ def test_preflight_names_every_missing_file_after_valid_settings(dirs):
     assert "Nothing was changed." in res.stdout
 
 
+def test_dflash_on_a_release_without_a_ddtree_base_passes_the_settings_rules(dirs):
+    # The scheduler rule comes from the deployed release's base (ddtree/vllm-<release>/base.json);
+    # DFlash needs none, so a release the engine has no base for falls back to the sole base's rules
+    # instead of failing on a filter error.
+    res = preflight(
+        dirs,
+        "-e",
+        "shared_settings_vllm_version=0.99.0",
+        "-e",
+        f"service_swap_vllm_executable={dirs['tmp']}/venv/bin/vllm",
+        "-e",
+        f"shared_settings_target_dir={dirs['dense']}",
+        "-e",
+        f"shared_settings_drafter_dir={dirs['drafter']}",
+    )
+    assert res.returncode == 2
+    assert "Fix the inventory" not in res.stdout
+    assert "no base for vLLM 0.99.0" not in res.stdout + res.stderr
+    assert f"Missing on localhost: {dirs['tmp']}/venv/bin/vllm" in res.stdout
+
+
 def test_preflight_refuses_an_api_key_unfit_for_an_environment_file(dirs):
     res = preflight(dirs, "-e", '{"service_swap_api_key": "two words"}')
     assert res.returncode == 2

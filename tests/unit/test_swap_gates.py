@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from swap_gates import (
     service_swap_acceptance_problem,
+    service_swap_budget_problem,
+    service_swap_capture_size_problem,
     service_swap_device_problem,
     service_swap_draft_slots_problem,
     service_swap_gpus_busy_problem,
     service_swap_missing_paths,
+    service_swap_no_previous_unit,
+    service_swap_previous_exec_problem,
+    service_swap_previous_plan,
 )
 
 EXE = {"path": "/opt/vllm/0.20.1/bin/vllm", "executable": True, "what": "vllm executable: run vllm_install"}
@@ -89,3 +94,57 @@ def test_draft_slots_vllm_would_refuse() -> None:
     )
     assert service_swap_draft_slots_problem(32, 15, 16384, "dflash") == ""
     assert service_swap_draft_slots_problem(32, 513, 16384, "ddtree") != ""  # 32 x 512 = 16384: not below
+
+
+def test_a_ddtree_budget_below_the_depth_is_named_by_where_it_came_from() -> None:
+    assert service_swap_budget_problem(None, None, 7) == ""
+    assert service_swap_budget_problem("", "", 7) == ""
+    assert service_swap_budget_problem(7, 7, 7) == ""
+    assert service_swap_budget_problem(4, 4, 7) == (
+        "shared_settings_ddtree_budget is 4, below shared_settings_num_speculative_tokens (7): a DDTree budget is at"
+        " least the tree's depth; raise it or leave it empty."
+    )
+    assert service_swap_budget_problem(4, 16, "7").startswith(
+        "The DDTree budget roles/tune chose or is measuring is 4, below shared_settings_num_speculative_tokens (7)"
+    )
+    # Not a number: Jinja's | int made it 0, below any depth.
+    assert service_swap_budget_problem("many", "many", 7).startswith("shared_settings_ddtree_budget is many, below")
+
+
+def test_a_capture_size_under_one_requests_tokens_is_refused() -> None:
+    for fine in ("auto", 0, "0", 9, 16):
+        assert service_swap_capture_size_problem(fine, 8) == "", fine
+    assert service_swap_capture_size_problem(8, "15") == (
+        "service_swap_max_cudagraph_capture_size is 8, less than the 16 tokens one request verifies per step: vLLM"
+        " would refuse to start. Use auto (one graph per batch), 0 (vLLM's default) or at least 16."
+    )
+
+
+def test_previous_vllm_refusals_say_what_is_missing_and_what_to_do() -> None:
+    path = "/etc/vllm/vllm-qwen.previous.service"
+    assert service_swap_no_previous_unit(path, "node1") == (
+        "No previous vLLM unit on node1 (/etc/vllm/vllm-qwen.previous.service is missing): service_swap keeps the unit"
+        " a changed one replaced only after the new unit passed its gates while the old one served healthily, so there"
+        " is no earlier vLLM this node served from. Nothing was changed. Go back to SGLang instead with"
+        " -e rollback_to=sglang."
+    )
+    assert service_swap_previous_exec_problem(path, "/opt/vllm/0.20.1/bin/vllm", "node1") == (
+        "The previous vLLM unit /etc/vllm/vllm-qwen.previous.service runs /opt/vllm/0.20.1/bin/vllm, which is not an"
+        " executable on node1 (vllm_install keeps vllm_install_keep_venvs venvs and removes older ones). Nothing was"
+        " changed. Go back to SGLang with -e rollback_to=sglang, or reinstall that vLLM version with vllm_install."
+    )
+    assert service_swap_previous_exec_problem(path, "", "node1").startswith(
+        "The previous vLLM unit /etc/vllm/vllm-qwen.previous.service runs no ExecStart, which"
+    )
+
+
+def test_previous_vllm_check_mode_says_what_it_would_do() -> None:
+    args = ("/etc/vllm/p.service", "/etc/systemd/system/vllm.service", "/opt/vllm/0.20.1/bin/vllm", "vllm.service")
+    assert service_swap_previous_plan(True, *args) == (
+        "Would put /etc/vllm/p.service in place as /etc/systemd/system/vllm.service (runs /opt/vllm/0.20.1/bin/vllm),"
+        " restart vllm.service and gate it on /health, a completion and the acceptance length; on failure put SGLang"
+        " back."
+    )
+    assert (
+        service_swap_previous_plan(False, *args) == "vllm.service already serves from the previous unit; nothing to do."
+    )

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from tune_report import tune_report_current
+from tune_report import tune_failure_text, tune_figures_text, tune_report_current
 
 CONTENT = '{\n    "host": "n1"\n}\n'
 
@@ -85,3 +85,37 @@ def test_non_ascii_content_is_compared_as_utf8(tmp_path: Path) -> None:
     text = '{\n    "reason": "x1.2 \u2265 margin"\n}\n'
     js, png = report(tmp_path, text)
     assert tune_report_current(str(js), text, str(png)) is True
+
+
+RESULT = {"winner": "ddtree budget 32", "reason": "fastest at 8 of 8 levels"}
+
+
+def test_the_figures_line_says_what_serves_and_where_the_figures_are() -> None:
+    js, png = "/r/tune/n1.json", "/r/tune/n1.png"
+    # The report was current: its plot is already there.
+    assert tune_figures_text(RESULT, "n1", js, png, {"skipped": True}) == (
+        "n1 serves ddtree budget 32: fastest at 8 of 8 levels. Figures: /r/tune/n1.json; plot /r/tune/n1.png"
+    )
+    # Drawn now: what tune_plot.py said, or nothing where it said nothing.
+    drawn = {"changed": False, "stdout": "no plot: matplotlib is not installed"}
+    assert tune_figures_text(RESULT, "n1", js, png, drawn) == (
+        "n1 serves ddtree budget 32: fastest at 8 of 8 levels. Figures: /r/tune/n1.json; no plot: matplotlib is not"
+        " installed"
+    )
+    assert tune_figures_text({"winner": None, "reason": "every candidate failed"}, "n1", js, png, {"stdout": ""}) == (
+        "n1 serves no candidate: every candidate failed. Figures: /r/tune/n1.json"
+    )
+
+
+def test_a_failed_tuning_says_whether_sglang_serves_again() -> None:
+    args = ("n1",)
+    units = ("sglang-qwen.service", "vllm-qwen.service")
+    assert tune_failure_text("every candidate failed", *args, "sglang", *units) == (
+        "tune failed on n1: every candidate failed. sglang-qwen.service serves again. Fix the cause (journalctl -u"
+        " vllm-qwen.service, reports/tune/n1.json) and re-run playbooks/tune.yml."
+    )
+    assert tune_failure_text("every candidate failed", *args, "none", *units) == (
+        "tune failed on n1: every candidate failed. sglang-qwen.service did NOT come back healthy: the node serves"
+        " nothing; see journalctl -u sglang-qwen.service. Fix the cause (journalctl -u vllm-qwen.service,"
+        " reports/tune/n1.json) and re-run playbooks/tune.yml."
+    )
