@@ -68,15 +68,15 @@ def service_swap_gpus_busy_problem(facts: Mapping[str, Any], max_used_mib: Any, 
 
 
 def service_swap_draft_slots_problem(
-    max_num_seqs: Any, verify_tokens: Any, max_num_batched_tokens: Any, method: str
+    max_num_seqs: Any, draft_slots: Any, max_num_batched_tokens: Any, method: str
 ) -> str:
-    """Why vLLM 0.20.1 would refuse the scheduler limits ('' when it would not): it reserves
-    (verified tokens - 1) batched-token slots per sequence for drafting, and their sum over
-    max_num_seqs must stay below max_num_batched_tokens."""
-    seqs, per_seq, tokens = int(max_num_seqs), int(verify_tokens) - 1, int(max_num_batched_tokens)
-    slots = seqs * per_seq
+    """Why vLLM would refuse the scheduler limits ('' when it would not): it reserves batched-token
+    slots per sequence for drafting (``draft_slots`` over all max_num_seqs, by the deployed release's
+    rule: the ddtree_draft_slots filter), and their sum must stay below max_num_batched_tokens."""
+    seqs, slots, tokens = int(max_num_seqs), int(draft_slots), int(max_num_batched_tokens)
     if tokens > slots:
         return ""
+    per_seq = slots // max(seqs, 1)
     return (
         'vLLM would refuse to start ("max_num_scheduled_tokens ... does not allow any tokens to be scheduled"): it'
         f" reserves {per_seq} batched-token slots per sequence for {method} drafting, so service_swap_max_num_seqs"

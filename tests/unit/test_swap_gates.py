@@ -85,15 +85,16 @@ def test_unreadable_gpus_say_why() -> None:
 
 
 def test_draft_slots_vllm_would_refuse() -> None:
-    # vLLM 0.20.1's serve defaults on a 70 GB GPU with a 15-token chain: 1024 x 14 > 8192.
-    assert service_swap_draft_slots_problem(1024, 15, 8192, "dflash") == (
+    # vLLM 0.20.1's serve defaults on a 70 GB GPU with a 15-token chain: 1024 x 14 > 8192 (the slots
+    # come from the base's rule, ddtree_draft_slots: verified tokens - 1 per sequence).
+    assert service_swap_draft_slots_problem(1024, 1024 * 14, 8192, "dflash") == (
         'vLLM would refuse to start ("max_num_scheduled_tokens ... does not allow any tokens to be scheduled"): it'
         " reserves 14 batched-token slots per sequence for dflash drafting, so service_swap_max_num_seqs (1024) x 14"
         " = 14336 must stay below service_swap_max_num_batched_tokens (8192). Raise service_swap_max_num_batched_tokens"
         " above 14336, or lower service_swap_max_num_seqs, num_speculative_tokens or the DDTree budget."
     )
-    assert service_swap_draft_slots_problem(32, 15, 16384, "dflash") == ""
-    assert service_swap_draft_slots_problem(32, 513, 16384, "ddtree") != ""  # 32 x 512 = 16384: not below
+    assert service_swap_draft_slots_problem(32, 32 * 14, 16384, "dflash") == ""
+    assert service_swap_draft_slots_problem(32, 32 * 512, 16384, "ddtree") != ""  # 16384: not below
 
 
 def test_a_ddtree_budget_below_the_depth_is_named_by_where_it_came_from() -> None:
