@@ -28,7 +28,6 @@ _RELEASE_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 MAX_DESCRIPTOR_BYTES = 1 << 20
 # Bounds no real base comes near; they keep arithmetic on a descriptor's numbers small.
 MAX_OFFSET = 64
-MAX_ELEMENT_BYTES = 16
 MAX_CONV_WIDTH = 64
 MAX_GRAPH_SIZES = 65536
 
@@ -51,8 +50,6 @@ class BaseRules:
     tree_layers: tuple[str, ...]
     conv_width: int
     # Bytes per element of that state: the recurrent (SSM) state and the convolution window.
-    recurrent_bytes: int
-    conv_bytes: int
     # Scheduler: verified_tokens + draft_slots_plus batched-token slots reserved per sequence.
     draft_slots_plus: int
     # CUDA graphs: verified_tokens + graph_tokens_plus tokens per request, at most max_graph_sizes sizes.
@@ -151,8 +148,6 @@ def rules(data: Mapping[str, Any], path: str = DESCRIPTOR) -> BaseRules:
         release=release,
         tree_layers=tuple(layers),
         conv_width=_whole(data, path, "tree_state.conv_width", 1, MAX_CONV_WIDTH),
-        recurrent_bytes=_whole(data, path, "tree_state.element_bytes.recurrent", 1, MAX_ELEMENT_BYTES),
-        conv_bytes=_whole(data, path, "tree_state.element_bytes.conv", 1, MAX_ELEMENT_BYTES),
         draft_slots_plus=_whole(
             data, path, "scheduler.draft_slots_per_sequence.verified_tokens_plus", -MAX_OFFSET, MAX_OFFSET
         ),

@@ -13,7 +13,7 @@ from ansible.module_utils.ddtree_base import BaseError, NoBaseError, load_rules,
 GOOD = {
     "format": 1,
     "release": "1.2.3",
-    "tree_state": {"layers": ["linear_attention"], "conv_width": 4, "element_bytes": {"recurrent": 4, "conv": 2}},
+    "tree_state": {"layers": ["linear_attention"], "conv_width": 4},
     "scheduler": {"draft_slots_per_sequence": {"verified_tokens_plus": -1}},
     "cudagraphs": {"tokens_per_request": {"verified_tokens_plus": 1}, "max_sizes": 512},
 }
@@ -30,7 +30,7 @@ def write(home: Path, release: str, data: object) -> Path:
 def test_a_good_descriptor_reads_as_its_rules() -> None:
     base = rules(GOOD)
     assert (base.release, base.tree_layers, base.conv_width) == ("1.2.3", ("linear_attention",), 4)
-    assert (base.recurrent_bytes, base.conv_bytes, base.max_graph_sizes) == (4, 2, 512)
+    assert base.max_graph_sizes == 512
     assert (base.draft_slots(64), base.graph_tokens(64)) == (63, 65)
 
 
@@ -54,7 +54,6 @@ def _with(path: str, value: object) -> dict:
         ("release", "1.2", "base.json: release is '1.2'; it must be a vLLM release number such as 0.20.1"),
         ("tree_state.layers", "linear_attention", "tree_state.layers is 'linear_attention'; it must be a list"),
         ("tree_state.conv_width", True, "tree_state.conv_width is True; it must be a whole number from 1 to 64"),
-        ("tree_state.element_bytes.conv", 0, "tree_state.element_bytes.conv is 0; it must be a whole number from 1"),
         (
             "scheduler.draft_slots_per_sequence",
             "verified_tokens - 1",

@@ -195,7 +195,6 @@ def synthetic_base(home: Path, release: str = "9.9.9", **changes) -> Path:
         "tree_state": {
             "layers": ["linear_attention", "mamba2"],
             "conv_width": 3,
-            "element_bytes": {"recurrent": 2, "conv": 2},
         },
         "scheduler": {"draft_slots_per_sequence": {"verified_tokens_plus": 0}},
         "cudagraphs": {"tokens_per_request": {"verified_tokens_plus": 2}, "max_sizes": 4},
