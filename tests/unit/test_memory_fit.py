@@ -7,6 +7,7 @@ memory profiles of record (ddtree/results/memory_profile_*_h200.json), and the v
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from ansible.module_utils.memory_fit import (
     recurrent_state_bytes,
 )
 from memory_fit import service_swap_memory_fit
+from safetensors_files import fake
 from swap_outcome import tune_candidate_reason
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,25 +30,10 @@ RESULTS = REPO / "ddtree" / "results"
 
 
 def qwen36(**text_overrides) -> dict:
-    """Qwen3.6-27B's config.json as tests/fakes/target_model.py writes it (the fields the fit reads)."""
-    text = {
-        "hidden_size": 5120,
-        "intermediate_size": 17408,
-        "num_hidden_layers": 64,
-        "num_attention_heads": 24,
-        "num_key_value_heads": 4,
-        "head_dim": 256,
-        "linear_num_key_heads": 16,
-        "linear_num_value_heads": 48,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_conv_kernel_dim": 4,
-        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 16,
-        "vocab_size": 248320,
-        "dtype": "bfloat16",
-    }
-    text.update(text_overrides)
-    return {"architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": text}
+    """Qwen3.6-27B's config.json as tests/fakes/target_model.py writes it, text fields overridden."""
+    config = copy.deepcopy(fake("target_model").config())
+    config["text_config"].update(text_overrides)
+    return config
 
 
 def drafter27(**overrides) -> dict:
