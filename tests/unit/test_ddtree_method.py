@@ -18,6 +18,7 @@ from ddtree_method import (
     ddtree_fallback_reason,
     draft_slots,
 )
+from swap_gates import service_swap_capture_size_problem
 
 from ddtree.tests import release_files
 
@@ -152,6 +153,17 @@ def test_every_uniform_batch_the_scheduler_can_make_has_its_own_graph(vllm_graph
                     assert captured == sizes, (seqs, verify, tokens)
 
 
+def test_the_smallest_capture_size_is_where_vllm_0_20_1_starts(vllm_graph_sizes) -> None:
+    """service_swap_capture_size_problem's floor (the base's cudagraphs.capture_size) against vLLM's own code:
+    one token under it vLLM refuses ("No valid cudagraph sizes after rounding"), at it vLLM starts."""
+    for verify, seqs in ((15, 8), (7, 33), (63, 4), (1, 2), (3, 5)):
+        floor = verify + 1  # written out: one request's verified tokens and its root
+        assert service_swap_capture_size_problem(floor - 1, verify, "0.20.1") != ""
+        assert service_swap_capture_size_problem(floor, verify, "0.20.1") == ""
+        assert vllm_graph_sizes({"max_cudagraph_capture_size": floor - 1}, verify + 1, seqs, 65536) is None
+        assert vllm_graph_sizes({"max_cudagraph_capture_size": floor}, verify + 1, seqs, 65536) == [floor]
+
+
 def test_the_service_swap_defaults_render_32_graphs_at_budget_64() -> None:
     assert ddtree_cudagraph_sizes(32, 64, 16384) == [65 * k for k in range(1, 33)]
     assert ddtree_cudagraph_sizes(32, 64, 2300) == [65, 130, 195, 260]  # 2300 - 32 x 63 = 284 tokens left
@@ -184,29 +196,7 @@ def test_draft_slots_are_the_verified_tokens_less_one_per_sequence() -> None:
 # --- The rules come from the base's descriptor: a second base needs no code ----------------------
 
 
-def synthetic_base(home: Path, release: str = "9.9.9", **changes) -> Path:
-    """A base descriptor under ``home`` (vllm-<release>/base.json) whose rules differ from 0.20.1's in
-    every field the filters read: trees on Gated DeltaNet and Mamba-2 layers with a width-3
-    convolution, as many draft slots per sequence as verified tokens, two extra graph tokens per
-    request and at most 4 graphs."""
-    descriptor = {
-        "format": 1,
-        "release": release,
-        "tree_state": {
-            "layers": ["linear_attention", "mamba2"],
-            "conv_width": 3,
-        },
-        "scheduler": {"draft_slots_per_sequence": {"verified_tokens_plus": 0}},
-        "cudagraphs": {"tokens_per_request": {"verified_tokens_plus": 2}, "max_sizes": 4},
-        **changes,
-    }
-    folder = home / f"vllm-{release}"
-    folder.mkdir(parents=True)
-    (folder / "base.json").write_text(json.dumps(descriptor))
-    return home
-
-
-def test_a_second_base_drives_every_rule_without_code_changes(tmp_path: Path) -> None:
+def test_a_second_base_drives_every_rule_without_code_changes(tmp_path: Path, synthetic_base) -> None:
     home = synthetic_base(tmp_path)
     config = qwen36()
     # Its tree state covers a width of 3, not Qwen3.6's 4; Mamba-2 gets trees, Mamba does not.
@@ -228,7 +218,7 @@ def test_a_second_base_drives_every_rule_without_code_changes(tmp_path: Path) ->
         ddtree_cudagraph_sizes(5, 64, 8192, vllm_version="9.9.9", engine_home=home)
 
 
-def test_the_sole_base_applies_where_no_release_is_named_and_two_need_one(tmp_path: Path) -> None:
+def test_the_sole_base_applies_where_no_release_is_named_and_two_need_one(tmp_path: Path, synthetic_base) -> None:
     home = synthetic_base(tmp_path)
     assert draft_slots(2, 10, engine_home=home) == 20
     synthetic_base(tmp_path, "9.10.0", scheduler={"draft_slots_per_sequence": {"verified_tokens_plus": -1}})
@@ -237,7 +227,7 @@ def test_the_sole_base_applies_where_no_release_is_named_and_two_need_one(tmp_pa
         draft_slots(2, 10, engine_home=home)
 
 
-def test_a_release_without_a_base_runs_the_chain_and_says_which_bases_exist(tmp_path: Path) -> None:
+def test_a_release_without_a_base_runs_the_chain_and_says_which_bases_exist(tmp_path: Path, synthetic_base) -> None:
     home = synthetic_base(tmp_path)
     assert ddtree_fallback_reason(qwen36(), "0.22.0", engine_home=home) == (
         "this project's DDTree change set has no base for vLLM 0.22.0 (it has: 9.9.9), so the DFlash chain runs"
@@ -251,7 +241,7 @@ def test_the_repository_base_is_the_default() -> None:
     assert ddtree_fallback_reason(qwen36(), "0.20.1+cu130") == ""
 
 
-def test_the_bases_are_listed_oldest_first(tmp_path: Path) -> None:
+def test_the_bases_are_listed_oldest_first(tmp_path: Path, synthetic_base) -> None:
     synthetic_base(tmp_path, "9.10.0")
     synthetic_base(tmp_path, "9.9.9")
     (tmp_path / "vllm-9.11.0").mkdir()  # a folder without a descriptor is no base
