@@ -5,7 +5,6 @@ fixtures are in ddtree/tests/conftest.py.)"""
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import signal
 import subprocess
@@ -16,8 +15,9 @@ from pathlib import Path
 import pytest
 import realfs
 
+from ddtree.repo import repo_file
+
 TARGET_MODEL = Path(__file__).resolve().parents[2] / "tests" / "fakes" / "target_model.py"
-GPU_TESTS = Path(__file__).resolve().parents[1] / "gpu"
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +83,11 @@ def deadline() -> Iterator[Callable[[float], contextlib.AbstractContextManager[N
 
 
 @pytest.fixture(scope="module")
-def gpu_script() -> Iterator[Callable[[str], object]]:
-    """Imports a tests/gpu script by name for one test module, then takes tests/gpu off sys.path and
-    its imports out of sys.modules again: library/ modules share names with module_utils/ files."""
-    saved_path, saved_modules = list(sys.path), set(sys.modules)
-    sys.path.insert(0, str(GPU_TESTS))
-    yield importlib.import_module
-    sys.path[:] = saved_path
-    for name in set(sys.modules) - saved_modules:
-        del sys.modules[name]
+def gpu_script() -> Callable[[str], object]:
+    """Loads a tests/gpu script by name (``gpu_script("syscall_filter")``) by its path, with the repository's
+    one importer for files outside a package (ddtree.repo.repo_file): tests/gpu never goes on sys.path,
+    where its scripts' names could shadow library/ modules."""
+    return lambda name: repo_file(f"tests/gpu/{name}.py")
 
 
 # A vLLM base whose rules differ from 0.20.1's (ddtree/vllm-0.20.1/base.json) in every field the Ansible

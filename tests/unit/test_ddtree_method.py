@@ -4,10 +4,8 @@ The tree state's memory cost is part of service_swap's memory fit: tests/unit/te
 
 from __future__ import annotations
 
-import json
+import copy
 import logging
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,6 +16,7 @@ from ddtree_method import (
     ddtree_fallback_reason,
     draft_slots,
 )
+from safetensors_files import fake
 from swap_gates import service_swap_capture_size_problem
 
 from ddtree.tests import release_files
@@ -26,20 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def qwen36() -> dict:
-    """The lab's Qwen3.6-27B config.json (tests/fakes/target_model.py writes the real layout)."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import json,sys; sys.path.insert(0, 'tests/fakes'); import target_model; "
-            "print(json.dumps(target_model.config()))",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return json.loads(out)
+    """The lab's Qwen3.6-27B config.json (tests/fakes/target_model.py writes the real layout), a fresh copy."""
+    return copy.deepcopy(fake("target_model").config())
 
 
 def test_qwen36_gets_trees() -> None:
