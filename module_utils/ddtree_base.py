@@ -2,11 +2,14 @@
 
 A base is one vLLM release with the DDTree engine's change set for it. Its descriptor states as data
 what the Ansible side computes with: which recurrent layers get branch-local tree state (and at
-which convolution width), the bytes per element of that state, how many batched-token slots the
-scheduler reserves per sequence for drafting, and the tokens a request's verification batch takes
-in a CUDA graph (with the most graphs worth capturing). plugins/filter/ddtree_method.py reads the
-rules here; ddtree/bases.py lists and loads the same descriptors for the engine's own code. Adding a
-base is adding its folder: nothing here names a release.
+which convolution width), how many batched-token slots the scheduler reserves per sequence for
+drafting, the tokens a request's verification batch takes in a CUDA graph (with the most graphs
+worth capturing, and the smallest capture size the release accepts), and how the release lays out
+the KV cache (block multiple, state slots per request, convolution columns, layer groups).
+plugins/filter/ddtree_method.py, swap_gates.py and memory_fit.py read the rules here (the arithmetic
+with them is theirs and module_utils/memory_fit.py's); ddtree/bases.py lists and loads the same
+descriptors for the engine's own code. Adding a base is adding its folder: nothing here names a
+release.
 
 Standard library only: it reads files on the controller.
 """
@@ -30,6 +33,11 @@ MAX_DESCRIPTOR_BYTES = 1 << 20
 MAX_OFFSET = 64
 MAX_CONV_WIDTH = 64
 MAX_GRAPH_SIZES = 65536
+MAX_BLOCK_MULTIPLE = 4096
+MAX_GROUP_MERGE_RATIO = 16
+# The repository's DDTree engine (one vllm-<release>/ folder per base), beside module_utils/: what the
+# controller-side filters read when they are given no other home.
+ENGINE_HOME = Path(__file__).resolve().parents[1] / "ddtree"
 
 
 class BaseError(ValueError):
@@ -49,12 +57,21 @@ class BaseRules:
     # convolution width that state covers.
     tree_layers: tuple[str, ...]
     conv_width: int
-    # Bytes per element of that state: the recurrent (SSM) state and the convolution window.
     # Scheduler: verified_tokens + draft_slots_plus batched-token slots reserved per sequence.
     draft_slots_plus: int
     # CUDA graphs: verified_tokens + graph_tokens_plus tokens per request, at most max_graph_sizes sizes.
     graph_tokens_plus: int
     max_graph_sizes: int
+    # A max_cudagraph_capture_size other than 0 must hold this many requests' graph tokens (0: any size).
+    capture_min_requests: int
+    # KV cache: attention blocks are multiples of kv_block_multiple tokens; a request holds
+    # verified_tokens + kv_state_slots_plus recurrent state slots per Gated DeltaNet group; the
+    # convolution window holds conv width + verified_tokens + kv_conv_columns_plus columns; layer kinds
+    # whose counts are within kv_group_merge_ratio of each other share the largest kind's group size.
+    kv_block_multiple: int
+    kv_state_slots_plus: int
+    kv_conv_columns_plus: int
+    kv_group_merge_ratio: float
 
     def draft_slots(self, verified_tokens: int) -> int:
         """Batched-token slots the scheduler reserves per sequence for drafting."""
@@ -63,6 +80,24 @@ class BaseRules:
     def graph_tokens(self, verified_tokens: int) -> int:
         """Tokens one request takes in a uniform verification batch."""
         return verified_tokens + self.graph_tokens_plus
+
+    def min_capture_size(self, verified_tokens: int) -> int:
+        """The smallest max_cudagraph_capture_size other than 0 the release starts with (0: any)."""
+        return self.capture_min_requests * self.graph_tokens(verified_tokens)
+
+    def state_slots(self, verified_tokens: int) -> int:
+        """Recurrent state slots one request holds in each Gated DeltaNet layer group."""
+        return verified_tokens + self.kv_state_slots_plus
+
+    def conv_columns(self, conv_width: int, verified_tokens: int) -> int:
+        """Columns of one Gated DeltaNet layer's convolution window in a state slot."""
+        return conv_width + verified_tokens + self.kv_conv_columns_plus
+
+    def group_size(self, layer_counts: list[int]) -> int:
+        """Layers per KV cache group, from each layer kind's count: the smallest, or the largest where
+        that is under kv_group_merge_ratio times the smallest (less padding than more groups)."""
+        smallest, largest = min(layer_counts), max(layer_counts)
+        return largest if largest < smallest * self.kv_group_merge_ratio else smallest
 
 
 def release_of(version: str) -> str:
@@ -132,6 +167,13 @@ def _whole(data: Mapping[str, Any], path: str, keys: str, low: int, high: int) -
     return value
 
 
+def _ratio(data: Mapping[str, Any], path: str, keys: str, low: float, high: float) -> float:
+    value = _field(data, path, keys)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise BaseError(f"{path}: {keys} is {value!r}; it must be a number from {low} to {high}")
+    return float(value)
+
+
 def rules(data: Mapping[str, Any], path: str = DESCRIPTOR) -> BaseRules:
     """The rules of one descriptor, every field checked; BaseError names the file and the field."""
     if _field(data, path, "format") != FORMAT:
@@ -153,11 +195,20 @@ def rules(data: Mapping[str, Any], path: str = DESCRIPTOR) -> BaseRules:
         ),
         graph_tokens_plus=_whole(data, path, "cudagraphs.tokens_per_request.verified_tokens_plus", 1, MAX_OFFSET),
         max_graph_sizes=_whole(data, path, "cudagraphs.max_sizes", 1, MAX_GRAPH_SIZES),
+        capture_min_requests=_whole(data, path, "cudagraphs.capture_size.min_requests", 0, MAX_OFFSET),
+        kv_block_multiple=_whole(data, path, "kv_layout.block_tokens_multiple", 1, MAX_BLOCK_MULTIPLE),
+        kv_state_slots_plus=_whole(data, path, "kv_layout.state_slots_per_request.verified_tokens_plus", 0, MAX_OFFSET),
+        kv_conv_columns_plus=_whole(
+            data, path, "kv_layout.conv_columns.width_plus_verified_tokens_plus", -MAX_OFFSET, MAX_OFFSET
+        ),
+        kv_group_merge_ratio=_ratio(data, path, "kv_layout.group_merge_ratio", 1, MAX_GROUP_MERGE_RATIO),
     )
 
 
-def load_rules(home: str | Path, release: str | None = None) -> BaseRules:
-    """The rules of ``release``'s base under ``home`` (the sole base when ``release`` is None)."""
+def load_rules(home: str | Path | None = None, release: str | None = None) -> BaseRules:
+    """The rules of ``release``'s base under ``home`` (ENGINE_HOME when None; the sole base when
+    ``release`` is None)."""
+    home = ENGINE_HOME if home in (None, "") else home
     release = release_of(release) if release not in (None, "") else sole_release(home)
     rules_ = rules(load(home, release), str(descriptor_path(home, release)))
     if rules_.release != release:

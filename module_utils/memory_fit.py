@@ -9,22 +9,26 @@ serve far fewer than ``max_num_seqs`` without saying so. service_swap asks the s
 first, before SGLang is stopped, for ``max_num_seqs`` requests of ``max_model_len`` each.
 
 The KV cache is counted as vLLM counts it (vllm/v1/core/kv_cache_utils.py, kv_cache_interface.py,
-platforms/interface.py's ``_align_hybrid_block_size``):
+platforms/interface.py's ``_align_hybrid_block_size``). The numbers that belong to a vLLM release
+are its base's rules (``kv_layout`` in ddtree/vllm-<release>/base.json, read by
+module_utils/ddtree_base.py, which the caller passes in as ``base``); the arithmetic is here. For
+vLLM 0.20.1:
 
 - On a hybrid target (Gated DeltaNet layers) every layer's page is one size: the attention block
-  grows to the smallest multiple of 16 tokens whose page holds one recurrent state slot, and the
-  slot is padded to that page. A slot is the recurrent state (value heads x value dim x key dim,
-  in ``mamba_ssm_dtype`` where config.json gives one, else the model's dtype) and the convolution
-  window (conv channels x (width - 1 + speculative tokens), model dtype), both split over the
-  tensor-parallel GPUs.
-- A request holds ``1 + speculative tokens`` slots in every Gated DeltaNet layer: the chain's
-  depth, DDTree's node budget (the change set makes vLLM verify ``budget`` tokens, so every tree
-  node keeps its own state).
+  grows to the smallest multiple of the base's block multiple (16 tokens) whose page holds one
+  recurrent state slot, and the slot is padded to that page. A slot is the recurrent state (value
+  heads x value dim x key dim, in ``mamba_ssm_dtype`` where config.json gives one, else the model's
+  dtype) and the convolution window (conv channels x the base's columns, 0.20.1: width - 1 +
+  speculative tokens, model dtype), both split over the tensor-parallel GPUs.
+- A request holds the base's state slots in every Gated DeltaNet layer (0.20.1: ``1 + speculative
+  tokens``, the chain's depth or DDTree's node budget: the change set makes vLLM verify ``budget``
+  tokens, so every tree node keeps its own state).
 - Layers of one kind (the target's attention layers, its Gated DeltaNet layers, the drafter's
   layers, which the change set keeps in one full-attention group) are split into groups of the
-  smallest kind's size (the largest's when that is under 1.5 times the smallest), padded; every
-  group of a kind holds the kind's blocks for a request: ``ceil(max_model_len / block)`` for
-  attention, the slots for Gated DeltaNet. A request needs ``group size x page x sum of blocks``.
+  smallest kind's size (the largest's when that is under the base's merge ratio, 1.5, times the
+  smallest), padded; every group of a kind holds the kind's blocks for a request:
+  ``ceil(max_model_len / block)`` for attention, the slots for Gated DeltaNet. A request needs
+  ``group size x page x sum of blocks``.
 
 The profile's peak is estimated from the shapes (``profile_bytes``); what vLLM holds besides
 (the CUDA context, NCCL, CUDA graphs) is the operator's reserve. ddtree/gpu/memory_profile_check.py
@@ -37,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible.module_utils.ddtree_base import BaseRules
 from ansible.module_utils.figures import FigureError, whole_field
 from ansible.module_utils.target_config import (
     GDN,
@@ -51,8 +56,6 @@ from ansible.module_utils.target_config import (
 ATTENTION = ("full_attention", "attention", "sliding_attention")
 MIB = 2**20
 GIB = 2**30
-# vLLM's FlashAttention block sizes are multiples of 16 tokens.
-KERNEL_BLOCK = 16
 # The most a setting of a real node can be: beyond these it is a typo.
 MAX_MODEL_LEN = 2**24
 MAX_SEQS = 65536
@@ -169,13 +172,14 @@ def model_dtype_bytes(config: Mapping[str, Any]) -> int:
 
 
 def recurrent_state_bytes(
-    config: Mapping[str, Any], spec_tokens: int = 0, tp: int = 1, path: str = "config.json"
+    config: Mapping[str, Any], spec_tokens: int = 0, tp: int = 1, path: str = "config.json", *, base: BaseRules
 ) -> int:
     """Bytes of one recurrent state slot of one Gated DeltaNet layer on one GPU, unpadded; 0 without such layers.
 
     The recurrent state (value heads x value dim x key dim) in config.json's ``mamba_ssm_dtype`` (else
     the model's dtype), and the convolution window (2 x key heads x key dim + value heads x value dim
-    channels, ``width - 1 + spec_tokens`` columns) in the model's dtype, each split over ``tp`` GPUs.
+    channels, ``base.conv_columns(width, spec_tokens)`` columns: 0.20.1 keeps ``width - 1 + spec_tokens``)
+    in the model's dtype, each split over ``tp`` GPUs.
     Every size is validated first (module_utils/target_config.py): TargetConfigError names the field.
     """
     shape = gdn_shape(config, path)
@@ -186,7 +190,7 @@ def recurrent_state_bytes(
     ssm_dtype = _dtype_bytes(text, "mamba_ssm_dtype", dtype)
     ssm = shape.value_heads // tp * shape.value_head_dim * shape.key_head_dim * ssm_dtype
     channels = (2 * shape.key_heads * shape.key_head_dim + shape.value_heads * shape.value_head_dim) // tp
-    conv = channels * (shape.conv_width - 1 + spec_tokens) * dtype
+    conv = channels * max(base.conv_columns(shape.conv_width, spec_tokens), 0) * dtype
     return ssm + conv
 
 
@@ -214,8 +218,10 @@ def kv_layout(
     tp: int = 1,
     target_path: str = "config.json",
     drafter_path: str = "drafter config.json",
+    *,
+    base: BaseRules,
 ) -> KvLayout:
-    """The KV cache layout vLLM 0.20.1 gives the pair on one GPU (see the module's docstring)."""
+    """The KV cache layout ``base``'s vLLM release gives the pair on one GPU (see the module's docstring)."""
     kinds = [_attention("target", target, target_path, tp)]
     if drafter:
         kind = _attention("drafter", drafter, drafter_path, tp)
@@ -230,22 +236,23 @@ def kv_layout(
             if same
             else [*kinds, kind]
         )
-    slot = recurrent_state_bytes(target, spec_tokens, tp, target_path)
+    slot = recurrent_state_bytes(target, spec_tokens, tp, target_path, base=base)
     state_layers = gdn_shape(target, target_path).layers
-    block = KERNEL_BLOCK
+    multiple = base.kv_block_multiple
+    block = multiple
     if slot:
-        # The smallest block of KERNEL_BLOCK multiples whose attention page holds one state slot.
+        # The smallest block of the base's multiple whose attention page holds one state slot.
         one_token = kinds[0].token_bytes
-        block = KERNEL_BLOCK * -(-slot // (KERNEL_BLOCK * one_token))
+        block = multiple * -(-slot // (multiple * one_token))
     page = block * kinds[0].token_bytes
     sizes = [k.layers for k in kinds if k.layers] + ([state_layers] if state_layers else [])
-    smallest, largest = min(sizes), max(sizes)
-    group_size = largest if largest < smallest * 1.5 else smallest
+    group_size = base.group_size(sizes)
     blocks = -(-max_model_len // block)
     groups = {k.name: (-(-k.layers // group_size), blocks) for k in kinds if k.layers}
+    slots = base.state_slots(spec_tokens) if slot else 0
     if state_layers:
-        groups[GDN] = (-(-state_layers // group_size), 1 + spec_tokens)
-    return KvLayout(block, page, group_size, groups, slot, 1 + spec_tokens if slot else 0, state_layers)
+        groups[GDN] = (-(-state_layers // group_size), base.state_slots(spec_tokens))
+    return KvLayout(block, page, group_size, groups, slot, slots, state_layers)
 
 
 def captured_bytes_per_token(layers: int, hidden: int, dtype: str) -> int:
@@ -310,6 +317,7 @@ def memory_fit(
     depth: int,
     ddtree: bool,
     reserve_mib: int,
+    base: BaseRules,
     target_path: str = "config.json",
     drafter_path: str = "drafter config.json",
 ) -> Fit:
@@ -317,7 +325,8 @@ def memory_fit(
 
     ``target_weights``/``drafter_weights``: the checkpoints' tensor bytes (split over the tensor-parallel
     GPUs); ``spec_tokens``: tokens verified per step (the chain's depth, DDTree's budget); ``depth``: the
-    drafter's depth; ``reserve_mib``: what vLLM holds outside weights, profile and KV cache per GPU.
+    drafter's depth; ``reserve_mib``: what vLLM holds outside weights, profile and KV cache per GPU;
+    ``base``: the deployed vLLM release's rules (module_utils/ddtree_base.py), its KV cache layout.
     """
     try:
         tp = _number(tensor_parallel_size, "service_swap_tensor_parallel_size", 1, MAX_TP)
@@ -331,7 +340,7 @@ def memory_fit(
         reserve = _number(reserve_mib, "service_swap_fit_reserve_mib", 0, MAX_GPU_MIB) * MIB
         t_weights = _number(target_weights, "the target's weight bytes", 0, MAX_WEIGHTS)
         d_weights = _number(drafter_weights, "the drafter's weight bytes", 0, MAX_WEIGHTS)
-        layout = kv_layout(target, drafter, spec, model_len, tp, target_path, drafter_path)
+        layout = kv_layout(target, drafter, spec, model_len, tp, target_path, drafter_path, base=base)
         text, where = text_config(target, target_path)
         fix = f"fix {target_path} or set shared_settings_target_dir to a complete model"
         hidden = _field(text, "hidden_size", where, fix)

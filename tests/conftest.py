@@ -2,8 +2,11 @@
 
 Ansible resolves ``ansible.module_utils.<name>`` from the configured module_utils
 directory; pytest has no such hook, so we extend the package path once here. Modules and plugins
-are not packages: Ansible loads them by folder, so the tests put those folders on sys.path. (The
-DDTree engine's tests, which use torch, are in ddtree/tests with their own conftest.)
+are not packages: Ansible loads them by folder and bare name, and so do the tests, so this one place
+puts those three folders on sys.path (no test edits it). Every other file outside a package
+(plugins/action, whose names clash with library/, playbooks/files, benchmarks/, tests/fakes, tests/gpu)
+is loaded by its path with ddtree.repo.repo_file. (The DDTree engine's tests, which use torch, are in
+ddtree/tests with their own conftest.)
 """
 
 from __future__ import annotations

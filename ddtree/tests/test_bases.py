@@ -3,8 +3,9 @@
 The descriptor is what the roles read (ddtree_patch: the manifest digest it consumes; vllm_install:
 what the change set fixes); these tests keep it true to the manifest beside it, to the release
 knowledge base's fix names, and readable as the rules the Ansible side computes with
-(module_utils/ddtree_base.py, which plugins/filter/ddtree_method.py reads: a base whose rules differ
-needs no code there, tests/unit/test_ddtree_method.py proves it on a synthetic base).
+(module_utils/ddtree_base.py, which plugins/filter/ddtree_method.py, swap_gates.py and memory_fit.py read: a
+base whose rules differ needs no code there, tests/unit/test_ddtree_method.py, test_swap_gates.py and
+test_memory_fit.py prove it on a synthetic base).
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ def test_the_0_20_1_rules_are_what_vllm_0_20_1_does() -> None:
     assert rules.tree_layers == ("linear_attention",)
     assert rules.conv_width == 4
     assert (rules.draft_slots(16), rules.graph_tokens(16), rules.max_graph_sizes) == (15, 17, 512)
+    # CompilationConfig.adjust_cudagraph_sizes_for_spec_decode: no size under one request's tokens;
+    # platforms/interface.py _align_hybrid_block_size, mamba_utils' conv state (width - 1 + speculative
+    # tokens), kv_cache_utils' group sizes (1.5), and a slot per verified token and the root.
+    assert rules.min_capture_size(16) == 17
+    assert (rules.kv_block_multiple, rules.state_slots(16), rules.conv_columns(4, 16)) == (16, 17, 19)
+    assert rules.kv_group_merge_ratio == 1.5
 
 
 def test_the_gpu_proof_probes_the_refusals_the_base_lists() -> None:

@@ -27,11 +27,9 @@ for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(Path(__file__).resolve().pa
     if os.path.isdir(_p) and _p not in ansible.module_utils.__path__:
         ansible.module_utils.__path__.append(_p)
 
-from ansible.module_utils.ddtree_base import BaseRules, NoBaseError, load_rules, release_of, releases
+from ansible.module_utils.ddtree_base import ENGINE_HOME, BaseRules, NoBaseError, load_rules, release_of, releases
 from ansible.module_utils.target_config import GDN, TargetConfigError, layer_kinds
 
-# The DDTree engine's home: one vllm-<release>/ folder (with its base.json) per base.
-ENGINE_HOME = Path(__file__).resolve().parents[2] / "ddtree"
 # Recurrent layer kinds of published models (config.json layer_types or layers_block_type), by the
 # name a message gives them; which of them get tree state is the base's rule.
 RECURRENT_LAYERS = {GDN: "Gated DeltaNet", "mamba": "Mamba", "mamba2": "Mamba"}

@@ -1,7 +1,11 @@
 """service_swap's memory fit: do the target, the drafter, the KV cache and DDTree's per-node state fit the GPUs?
 
 A thin wrapper around module_utils/memory_fit.py (the arithmetic, unit-tested against vLLM's own
-figures) for roles/service_swap/tasks/memory_fit.yml, which runs it before SGLang is stopped.
+figures) for roles/service_swap/tasks/memory_fit.yml, which runs it before SGLang is stopped. How the
+KV cache is laid out is the deployed vLLM release's rule (``kv_layout`` in its base's descriptor
+ddtree/vllm-<release>/base.json, read by module_utils/ddtree_base.py): ``vllm_version`` names the
+release (without it, the engine's sole base), ``engine_home`` the folder of the bases (the
+repository's ddtree/ by default).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(Path(__file__).resolve().pa
     if os.path.isdir(_p) and _p not in ansible.module_utils.__path__:
         ansible.module_utils.__path__.append(_p)
 
+from ansible.module_utils.ddtree_base import BaseError, load_rules
 from ansible.module_utils.memory_fit import GIB, MemoryFitError, fit_verdict, memory_fit
 from ansible.module_utils.target_config import TargetConfigError
 
@@ -55,11 +60,13 @@ def service_swap_memory_fit(
     hostname: str = "the node",
     target_path: str = "config.json",
     drafter_path: str = "drafter config.json",
+    vllm_version: str | None = None,
+    engine_home: str | Path | None = None,
 ) -> dict[str, Any]:
     """``{"refuse": str, "note": str, "max_num_seqs": int, "parts_gib": {...}}`` for service_swap.
 
     ``settings``: the role's values by the names in SETTINGS (``gpus``: gpu_check's ``gpus``). An
-    input the arithmetic cannot use refuses, naming it; it never raises.
+    input the arithmetic cannot use (or a base descriptor it cannot read) refuses, naming it; it never raises.
     """
     missing = [name for name in SETTINGS if name not in settings]
     seqs = settings.get("max_num_seqs")
@@ -83,10 +90,11 @@ def service_swap_memory_fit(
             depth=settings["depth"],
             ddtree=settings["method"] == "ddtree",
             reserve_mib=settings["reserve_mib"],
+            base=load_rules(engine_home, vllm_version),
             target_path=target_path,
             drafter_path=drafter_path,
         )
-    except (MemoryFitError, TargetConfigError) as exc:
+    except (MemoryFitError, TargetConfigError, BaseError) as exc:
         return {"refuse": f"the memory fit cannot run: {exc}", "note": "", "max_num_seqs": seqs}
     verdict = fit_verdict(fit, bool(settings["lower"]), int(settings["max_model_len"]), hostname)
     verdict["parts_gib"] = {

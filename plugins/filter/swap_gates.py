@@ -5,8 +5,19 @@ do; the role's tasks only say which check they make (tests/unit/test_swap_gates.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+import ansible.module_utils
+from ansible import constants as C
+
+for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(Path(__file__).resolve().parents[2] / "module_utils")]:
+    if os.path.isdir(_p) and _p not in ansible.module_utils.__path__:
+        ansible.module_utils.__path__.append(_p)
+
+from ansible.module_utils.ddtree_base import load_rules
 
 
 def service_swap_missing_paths(results: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -103,15 +114,26 @@ def service_swap_budget_problem(budget: Any, shared_budget: Any, num_speculative
     )
 
 
-def service_swap_capture_size_problem(capture_size: Any, verify_tokens: Any) -> str:
-    """Why vLLM 0.20.1 would refuse service_swap_max_cudagraph_capture_size ('' when it would not): a
-    number of tokens other than 0 must hold one request's verified tokens and its root, else no full
-    decode graph is left ("No valid cudagraph sizes after rounding")."""
-    size, need = str(capture_size), int(verify_tokens) + 1
-    if not size.isdigit() or int(size) == 0 or int(size) >= need:
+def service_swap_capture_size_problem(
+    capture_size: Any, verify_tokens: Any, vllm_version: str | None = None, engine_home: str | Path | None = None
+) -> str:
+    """Why the deployed vLLM release would refuse service_swap_max_cudagraph_capture_size ('' when it
+    would not): a number of tokens other than 0 must be at least its base's smallest capture size
+    (``cudagraphs.capture_size`` in ddtree/vllm-<release>/base.json; vLLM 0.20.1: one request's
+    verified tokens and its root, else no full decode graph is left, "No valid cudagraph sizes after
+    rounding"). ``vllm_version`` names the release (the engine's sole base without it), ``engine_home``
+    the folder of the bases (the repository's ddtree/ by default)."""
+    size = str(capture_size)
+    if not size.isdigit() or int(size) == 0:
         return ""
+    base = load_rules(engine_home, vllm_version)
+    need = base.min_capture_size(int(verify_tokens))
+    if int(size) >= need:
+        return ""
+    requests = base.capture_min_requests
+    who = "one request verifies" if requests == 1 else f"{requests} requests verify"
     return (
-        f"service_swap_max_cudagraph_capture_size is {capture_size}, less than the {need} tokens one request verifies"
+        f"service_swap_max_cudagraph_capture_size is {capture_size}, less than the {need} tokens {who}"
         f" per step: vLLM would refuse to start. Use auto (one graph per batch), 0 (vLLM's default) or at least {need}."
     )
 

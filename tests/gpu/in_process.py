@@ -6,7 +6,7 @@ The GPU checks use it where no Ansible controller is at hand: only ansible-core 
 from __future__ import annotations
 
 import contextlib
-import importlib
+import importlib.util
 import io
 import json
 import sys
@@ -22,9 +22,13 @@ def run_module(name: str, args: dict) -> dict:
 
     if str(REPO / "module_utils") not in ansible.module_utils.__path__:
         ansible.module_utils.__path__.append(str(REPO / "module_utils"))
-    if str(REPO / "library") not in sys.path:
-        sys.path.insert(0, str(REPO / "library"))
-    module = importlib.import_module(name)
+    module = sys.modules.get(name)
+    if module is None:
+        # By its path, not through sys.path: library/ is no package, and its names are common words.
+        spec = importlib.util.spec_from_file_location(name, REPO / "library" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
     out = io.StringIO()
     with patch_module_args(args), contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
         module.main()

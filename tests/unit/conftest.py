@@ -1,11 +1,11 @@
 """Fixtures shared by the unit tests: the lab's stand-in target model, small real filesystems (realfs),
-a deadline for "never hangs" tests, and the tests/gpu scripts' CPU parts. (The DDTree engine's
+a deadline for "never hangs" tests, the tests/gpu scripts' CPU parts, and a synthetic second vLLM base. (The DDTree engine's
 fixtures are in ddtree/tests/conftest.py.)"""
 
 from __future__ import annotations
 
 import contextlib
-import importlib
+import json
 import signal
 import subprocess
 import sys
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import realfs
 
+from ddtree.repo import repo_file
+
 TARGET_MODEL = Path(__file__).resolve().parents[2] / "tests" / "fakes" / "target_model.py"
-GPU_TESTS = Path(__file__).resolve().parents[1] / "gpu"
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +83,46 @@ def deadline() -> Iterator[Callable[[float], contextlib.AbstractContextManager[N
 
 
 @pytest.fixture(scope="module")
-def gpu_script() -> Iterator[Callable[[str], object]]:
-    """Imports a tests/gpu script by name for one test module, then takes tests/gpu off sys.path and
-    its imports out of sys.modules again: library/ modules share names with module_utils/ files."""
-    saved_path, saved_modules = list(sys.path), set(sys.modules)
-    sys.path.insert(0, str(GPU_TESTS))
-    yield importlib.import_module
-    sys.path[:] = saved_path
-    for name in set(sys.modules) - saved_modules:
-        del sys.modules[name]
+def gpu_script() -> Callable[[str], object]:
+    """Loads a tests/gpu script by name (``gpu_script("syscall_filter")``) by its path, with the repository's
+    one importer for files outside a package (ddtree.repo.repo_file): tests/gpu never goes on sys.path,
+    where its scripts' names could shadow library/ modules."""
+    return lambda name: repo_file(f"tests/gpu/{name}.py")
+
+
+# A vLLM base whose rules differ from 0.20.1's (ddtree/vllm-0.20.1/base.json) in every field the Ansible
+# side reads: trees on Gated DeltaNet and Mamba-2 layers with a width-3 convolution, as many draft slots
+# per sequence as verified tokens, two extra graph tokens per request, at most 4 graphs and none
+# smaller than two requests' tokens, and a KV cache of 64-token block multiples, one state slot per
+# verified token (no root), width + verified tokens convolution columns and groups merged up to 16x.
+SYNTHETIC_BASE = {
+    "format": 1,
+    "tree_state": {"layers": ["linear_attention", "mamba2"], "conv_width": 3},
+    "scheduler": {"draft_slots_per_sequence": {"verified_tokens_plus": 0}},
+    "cudagraphs": {
+        "tokens_per_request": {"verified_tokens_plus": 2},
+        "max_sizes": 4,
+        "capture_size": {"min_requests": 2},
+    },
+    "kv_layout": {
+        "block_tokens_multiple": 64,
+        "state_slots_per_request": {"verified_tokens_plus": 0},
+        "conv_columns": {"width_plus_verified_tokens_plus": 0},
+        "group_merge_ratio": 16,
+    },
+}
+
+
+@pytest.fixture
+def synthetic_base() -> Callable[..., Path]:
+    """``synthetic_base(home, release="9.9.9", **changes)`` writes SYNTHETIC_BASE (top-level fields replaced
+    by ``changes``) as ``home/vllm-<release>/base.json`` and returns ``home``: a second base, to prove that
+    its descriptor alone changes what the filters decide."""
+
+    def write(home: Path, release: str = "9.9.9", **changes: object) -> Path:
+        folder = home / f"vllm-{release}"
+        folder.mkdir(parents=True)
+        (folder / "base.json").write_text(json.dumps({**SYNTHETIC_BASE, "release": release, **changes}))
+        return home
+
+    return write

@@ -8,11 +8,9 @@ a sparse file: their size is real, their disk use is nearly nothing.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import struct
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -138,17 +136,12 @@ def disk_bytes(path: os.PathLike[str]) -> int:
     return os.stat(path).st_blocks * 512
 
 
-FAKES = Path(__file__).resolve().parent.parent / "fakes"
-
-
 def fake(name: str):
-    """Import a test double from tests/fakes/ (where doubles live; it is not a package)."""
-    if str(FAKES) not in sys.path:
-        sys.path.insert(0, str(FAKES))
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, FAKES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """A test double from tests/fakes/ (where doubles live; it is not a package), loaded by its path with
+    the repository's one importer for such files (ddtree.repo.repo_file). The fakes run as scripts beside
+    each other and import target_model by name, so it is loaded first. (Imported here, not at the top:
+    benchmarks/safetensors_inspect.py runs this file's writers where the package ddtree is not importable.)"""
+    from ddtree.repo import repo_file
+
+    repo_file("tests/fakes/target_model.py")
+    return repo_file(f"tests/fakes/{name}.py")

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "playbooks" / "files"))
+from ddtree.repo import repo_file
 
-import bench_report  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
+bench_report = repo_file("playbooks/files/bench_report.py")
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -15,7 +15,17 @@ GOOD = {
     "release": "1.2.3",
     "tree_state": {"layers": ["linear_attention"], "conv_width": 4},
     "scheduler": {"draft_slots_per_sequence": {"verified_tokens_plus": -1}},
-    "cudagraphs": {"tokens_per_request": {"verified_tokens_plus": 1}, "max_sizes": 512},
+    "cudagraphs": {
+        "tokens_per_request": {"verified_tokens_plus": 1},
+        "max_sizes": 512,
+        "capture_size": {"min_requests": 1},
+    },
+    "kv_layout": {
+        "block_tokens_multiple": 16,
+        "state_slots_per_request": {"verified_tokens_plus": 1},
+        "conv_columns": {"width_plus_verified_tokens_plus": -1},
+        "group_merge_ratio": 1.5,
+    },
 }
 
 
@@ -31,7 +41,10 @@ def test_a_good_descriptor_reads_as_its_rules() -> None:
     base = rules(GOOD)
     assert (base.release, base.tree_layers, base.conv_width) == ("1.2.3", ("linear_attention",), 4)
     assert base.max_graph_sizes == 512
-    assert (base.draft_slots(64), base.graph_tokens(64)) == (63, 65)
+    assert (base.draft_slots(64), base.graph_tokens(64), base.min_capture_size(64)) == (63, 65, 65)
+    assert (base.kv_block_multiple, base.state_slots(64), base.conv_columns(4, 64)) == (16, 65, 67)
+    # Layer counts within 1.5x of each other share the largest's group size; further apart, the smallest's.
+    assert (base.group_size([16, 5, 48]), base.group_size([36, 36]), base.group_size([10, 14])) == (5, 36, 14)
 
 
 def _with(path: str, value: object) -> dict:
@@ -66,6 +79,19 @@ def _with(path: str, value: object) -> dict:
         ),
         ("cudagraphs.max_sizes", KeyError, "base.json has no cudagraphs.max_sizes; add it"),
         ("cudagraphs.max_sizes", 1e400, "cudagraphs.max_sizes is inf; it must be a whole number"),
+        ("cudagraphs.capture_size", KeyError, "base.json has no cudagraphs.capture_size.min_requests; add it"),
+        ("cudagraphs.capture_size.min_requests", -1, "min_requests is -1; it must be a whole number from 0 to 64"),
+        ("kv_layout", KeyError, "base.json has no kv_layout.block_tokens_multiple; add it"),
+        ("kv_layout.block_tokens_multiple", 0, "block_tokens_multiple is 0; it must be a whole number from 1 to 4096"),
+        (
+            "kv_layout.state_slots_per_request.verified_tokens_plus",
+            "1",
+            "verified_tokens_plus is '1'; it must be a whole number from 0 to 64",
+        ),
+        ("kv_layout.conv_columns", {"width_plus": -1}, "no kv_layout.conv_columns.width_plus_verified_tokens_plus"),
+        ("kv_layout.group_merge_ratio", 0.5, "group_merge_ratio is 0.5; it must be a number from 1 to 16"),
+        ("kv_layout.group_merge_ratio", True, "group_merge_ratio is True; it must be a number from 1 to 16"),
+        ("kv_layout.group_merge_ratio", 1e400, "group_merge_ratio is inf; it must be a number from 1 to 16"),
     ],
 )
 def test_a_bad_field_is_named(path: str, value: object, message: str) -> None:

@@ -36,6 +36,8 @@ from ansible.module_utils.openai_probe import (
 from rollout_report import tune_rows, tune_table
 from tune_choice import tune_choose, tune_read_record
 
+from ddtree.repo import repo_file
+
 HUGE = 10**400
 
 
@@ -229,14 +231,7 @@ def test_a_json_number_past_a_float_is_refused_where_read_like_infinity(tmp_path
 
 
 def _report_scripts():
-    files = str(Path(__file__).resolve().parents[2] / "playbooks" / "files")
-    sys.path.insert(0, files)
-    try:
-        import bench_report
-        import tune_plot
-    finally:
-        sys.path.remove(files)
-    return bench_report, tune_plot
+    return repo_file("playbooks/files/bench_report.py"), repo_file("playbooks/files/tune_plot.py")
 
 
 def test_a_stored_bench_run_with_infinity_compares_as_missing_not_as_xinf(tmp_path) -> None:

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from ansible.module_utils.ddtree_base import load_rules
 from ansible.module_utils.memory_fit import (
     GIB,
     MIB,
@@ -27,6 +28,9 @@ from swap_outcome import tune_candidate_reason
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "ddtree" / "results"
+# vLLM 0.20.1's rules as its base's descriptor gives them (ddtree/vllm-0.20.1/base.json): what the figures
+# below were measured with.
+BASE = load_rules(release="0.20.1")
 
 
 def qwen36(**text_overrides) -> dict:
@@ -86,7 +90,7 @@ def test_the_27b_chain_needs_what_vllm_said_on_the_h100() -> None:
     """vLLM 0.20.1 on an H100, step_cost's 27B chain (15 tokens), max_model_len 8,580: "2.29 GiB KV cache is
     needed". The fake target's config gives no mamba_ssm_dtype, so the state is bf16: a slot of 48 x 128 x 128
     x 2 + 10240 x (3 + 15) x 2 bytes, in pages of 480 tokens x 4,096 bytes; 4 + 1 + 10 groups of 5 layers."""
-    layout = kv_layout(qwen36(), drafter27(), 15, 8580)
+    layout = kv_layout(qwen36(), drafter27(), 15, 8580, base=BASE)
     assert layout.state_slot_bytes == 48 * 128 * 128 * 2 + 10240 * 18 * 2 == 1_941_504
     assert (layout.block_tokens, layout.page_bytes, layout.group_size) == (480, 1_966_080, 5)
     assert layout.groups == {"target": (4, 18), "drafter": (1, 18), "linear_attention": (10, 16)}
@@ -98,14 +102,14 @@ def test_the_real_checkpoint_keeps_its_recurrent_state_in_float32() -> None:
     """Qwen3.5/3.6 checkpoints name mamba_ssm_dtype; vLLM keeps the recurrent state in it: about 147 MiB per
     slot over the 48 layers without drafts, split over the tensor-parallel GPUs."""
     real = qwen36(mamba_ssm_dtype="float32")
-    assert 48 * recurrent_state_bytes(real) == 48 * (48 * 128 * 128 * 4 + 10240 * 3 * 2)
-    assert round(48 * recurrent_state_bytes(real) / MIB, 1) == 146.8
-    assert recurrent_state_bytes(real, spec_tokens=15, tp=2) == 24 * 128 * 128 * 4 + 5120 * 18 * 2
+    assert 48 * recurrent_state_bytes(real, base=BASE) == 48 * (48 * 128 * 128 * 4 + 10240 * 3 * 2)
+    assert round(48 * recurrent_state_bytes(real, base=BASE) / MIB, 1) == 146.8
+    assert recurrent_state_bytes(real, spec_tokens=15, tp=2, base=BASE) == 24 * 128 * 128 * 4 + 5120 * 18 * 2
 
 
 def test_ddtree_keeps_a_state_slot_per_node_and_the_root() -> None:
-    chain = kv_layout(qwen36(), drafter27(), 15, 32768)
-    tree = kv_layout(qwen36(), drafter27(), 63, 32768)
+    chain = kv_layout(qwen36(), drafter27(), 15, 32768, base=BASE)
+    tree = kv_layout(qwen36(), drafter27(), 63, 32768, base=BASE)
     assert chain.state_slots == 16 and tree.state_slots == 64
     assert tree.groups["linear_attention"] == (10, 64)
     assert tree.state_bytes() == 5 * tree.page_bytes * 10 * 64
@@ -113,10 +117,24 @@ def test_ddtree_keeps_a_state_slot_per_node_and_the_root() -> None:
 
 def test_a_pure_attention_pair_of_one_spec_is_one_group() -> None:
     """Qwen3-8B and its drafter share one KV spec (8 heads of 128): 41 layers in one group of 16-token blocks."""
-    layout = kv_layout(qwen3_8b(), drafter8b(), 15, 8580)
+    layout = kv_layout(qwen3_8b(), drafter8b(), 15, 8580, base=BASE)
     assert (layout.block_tokens, layout.page_bytes, layout.group_size) == (16, 65536, 41)
     assert layout.groups == {"target": (1, 537)} and layout.state_bytes() == 0
     assert layout.request_bytes() == 41 * 65536 * 537
+
+
+def test_a_second_base_s_descriptor_lays_the_cache_out_with_no_code_change(tmp_path: Path, synthetic_base) -> None:
+    """The synthetic base (tests/unit/conftest.py): 64-token block multiples, one state slot per verified token
+    without the root, width + verified tokens convolution columns, layer kinds merged up to 16x. The 27B chain
+    at 15 tokens: a slot of 48 x 128 x 128 x 2 + 10240 x (4 + 15) x 2 bytes, in pages of 512 tokens x 4,096
+    bytes; the 16 attention, 5 drafter and 48 Gated DeltaNet layers in one group of 48."""
+    base = load_rules(synthetic_base(tmp_path), "9.9.9")
+    layout = kv_layout(qwen36(), drafter27(), 15, 8580, base=base)
+    assert layout.state_slot_bytes == 48 * 128 * 128 * 2 + 10240 * 19 * 2 == 1_961_984
+    assert (layout.block_tokens, layout.page_bytes, layout.group_size) == (512, 2_097_152, 48)
+    assert layout.groups == {"target": (1, 17), "drafter": (1, 17), "linear_attention": (1, 15)}
+    assert layout.state_slots == 15
+    assert layout.request_bytes() == 48 * 2_097_152 * 49 == 4_932_501_504
 
 
 # --- the profile run's peak, against the recorded profiles ----------------------------------------------
@@ -165,6 +183,7 @@ def fit(gpu_mib=143771, tp=1, seqs=32, model_len=32768, spec=15, ddtree=False, r
         depth=15,
         ddtree=ddtree,
         reserve_mib=reserve,
+        base=BASE,
     )
 
 
@@ -253,7 +272,7 @@ SETTINGS = {
 }
 
 
-def run_filter(target=None, drafter=None, **settings) -> dict:
+def run_filter(target=None, drafter=None, vllm_version=None, engine_home=None, **settings) -> dict:
     return service_swap_memory_fit(
         qwen36(mamba_ssm_dtype="float32") if target is None else target,
         drafter27() if drafter is None else drafter,
@@ -263,6 +282,8 @@ def run_filter(target=None, drafter=None, **settings) -> dict:
         "qwen-ct101",
         "/m/config.json",
         "/d/config.json",
+        vllm_version,
+        engine_home,
     )
 
 
@@ -278,6 +299,27 @@ def test_the_filter_takes_the_smallest_gpu_and_lowers_on_request() -> None:
     assert run_filter(gpus=gpus)["refuse"].startswith("32 requests of max_model_len=32768")
     lowered = run_filter(gpus=gpus, lower=True)
     assert lowered["refuse"] == "" and 1 <= lowered["max_num_seqs"] < 32
+
+
+def test_the_filter_lays_the_cache_out_by_the_deployed_release_s_base(tmp_path: Path, synthetic_base) -> None:
+    """At tensor parallel 2, 32,768 tokens and 15 verified: 0.20.1 gives 864-token pages of 1.6875 MiB in
+    groups of 5 (4 x 38 + 38 + 10 x 16 pages), the synthetic base 896-token pages of 1.75 MiB in one group of
+    48 (37 + 37 + 15 pages)."""
+    assert run_filter(vllm_version="0.20.1")["parts_gib"] == run_filter()["parts_gib"]
+    parts = run_filter()["parts_gib"]
+    assert (parts["request"], parts["recurrent_state"]) == (2.884, 1.318)
+    parts = run_filter(vllm_version="9.9.9", engine_home=synthetic_base(tmp_path))["parts_gib"]
+    assert (parts["request"], parts["recurrent_state"]) == (7.301, 1.23)
+
+
+def test_a_base_the_fit_cannot_read_refuses_naming_it(tmp_path: Path, synthetic_base) -> None:
+    home = synthetic_base(tmp_path, kv_layout={"block_tokens_multiple": 16})
+    refuse = run_filter(vllm_version="9.9.9", engine_home=home)["refuse"]
+    assert refuse == (
+        f"the memory fit cannot run: {home}/vllm-9.9.9/base.json has no "
+        "kv_layout.state_slots_per_request.verified_tokens_plus; add it (see ddtree/vllm-0.20.1/base.json for the "
+        "layout)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -5,14 +5,13 @@ n = 100 -> ranks 40 and 61)."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-# The benchmark puts module_utils first on sys.path when imported, where its vllm_venvs would
-# shadow the module of that name in library/ for the tests that run after this one: restore it.
+from ddtree.repo import repo_file
+
+# The benchmark (a script) puts module_utils first on sys.path when imported, where its vllm_venvs
+# would shadow the module of that name in library/ for the tests that run after this one: restore it.
 _saved_path = list(sys.path)
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from safetensors_inspect import median_interval  # noqa: E402
-
+median_interval = repo_file("benchmarks/safetensors_inspect.py").median_interval
 sys.path[:] = _saved_path
 
 

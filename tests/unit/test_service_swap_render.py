@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from safetensors_files import fake
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
@@ -430,12 +431,9 @@ def sparse_weights(directory: Path, values: int) -> None:
 def test_preflight_refuses_a_ddtree_budget_whose_tree_state_cannot_fit(dirs):
     """Qwen3.6-27B on 2x RTX A6000: 256 state slots per Gated DeltaNet layer and request do not fit beside the
     weights (the memory fit, tests/unit/test_memory_fit.py); a budget of 15 does, for one request."""
-    sys.path.insert(0, str(REPO / "tests" / "fakes"))
-    import target_model
-
     target = dirs["tmp"] / "qwen36"
     target.mkdir()
-    (target / "config.json").write_text(json.dumps(target_model.config()))
+    (target / "config.json").write_text(json.dumps(fake("target_model").config()))
     sparse_weights(target, 27_800_000_000)
     venv = dirs["tmp"] / "venv" / "bin"
     venv.mkdir(parents=True)

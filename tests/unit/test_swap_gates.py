@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from swap_gates import (
     service_swap_acceptance_problem,
     service_swap_budget_problem,
@@ -118,6 +120,19 @@ def test_a_capture_size_under_one_requests_tokens_is_refused() -> None:
     assert service_swap_capture_size_problem(8, "15") == (
         "service_swap_max_cudagraph_capture_size is 8, less than the 16 tokens one request verifies per step: vLLM"
         " would refuse to start. Use auto (one graph per batch), 0 (vLLM's default) or at least 16."
+    )
+    assert service_swap_capture_size_problem(8, "15", "0.20.1+cu130") == service_swap_capture_size_problem(8, "15")
+
+
+def test_a_second_base_s_descriptor_sets_the_smallest_capture_size(tmp_path: Path, synthetic_base) -> None:
+    """The synthetic base takes two extra graph tokens per request and at least two requests' worth: at 15
+    verified tokens that is 2 x 17 = 34, where 0.20.1 takes 16; nothing in the filter names either."""
+    home = synthetic_base(tmp_path)
+    for fine in ("auto", 0, 34, 40):
+        assert service_swap_capture_size_problem(fine, 15, "9.9.9", home) == "", fine
+    assert service_swap_capture_size_problem(16, 15, "9.9.9", home) == (
+        "service_swap_max_cudagraph_capture_size is 16, less than the 34 tokens 2 requests verify per step: vLLM"
+        " would refuse to start. Use auto (one graph per batch), 0 (vLLM's default) or at least 34."
     )
 
 

@@ -34,7 +34,7 @@ SystemCallErrorNumber=EPERM
 
 @pytest.fixture(scope="module")
 def sf(gpu_script):
-    """The module, imported without leaving tests/gpu on sys.path for other tests."""
+    """The module, tests/gpu/syscall_filter.py, loaded by its path."""
     return gpu_script("syscall_filter")
 
 

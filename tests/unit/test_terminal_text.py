@@ -21,6 +21,8 @@ from ansible.module_utils.testing import patch_module_args
 from rollout_report import summary_rows, summary_table, tune_rows, tune_table
 from test_openai_hostile import Hostile, fixed, healthy
 
+from ddtree.repo import repo_file
+
 REPO = Path(__file__).resolve().parents[2]
 # Clear the screen, a red colour, a hyperlink (OSC 8), the clipboard (OSC 52), a title (OSC 0 ended by
 # ST), an 8-bit CSI, a carriage return that overwrites the line, a bidirectional override, a NUL.
@@ -112,11 +114,7 @@ def test_the_bench_s_failure_message_is_cleaned(server, capsys) -> None:
 
 
 def test_the_wait_s_progress_line_is_cleaned() -> None:
-    sys.path.insert(0, str(REPO / "plugins" / "action"))
-    try:
-        from openai_wait import progress_line
-    finally:
-        sys.path.remove(str(REPO / "plugins" / "action"))
+    progress_line = repo_file("plugins/action/openai_wait.py").progress_line
     line = progress_line("n1", "vllm.service", "compiling", 65, {"error": HOSTILE})
     assert line == "n1: waiting for vllm.service's /health: compiling (1m05s; /health: red link   ok FAKE gnp.exe end)"
 

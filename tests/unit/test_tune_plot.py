@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import builtins
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "playbooks" / "files"))
+from ddtree.repo import repo_file
 
-import tune_plot  # noqa: E402
+tune_plot = repo_file("playbooks/files/tune_plot.py")
 
 DATA = {
     "host": "n1",
