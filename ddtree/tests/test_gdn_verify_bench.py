@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch  # noqa: F401 - the bench imports it: set up first (ddtree/tests/conftest.py)
 
 from ddtree import REPO
 from ddtree.bench import gdn_verify
