@@ -91,6 +91,8 @@ def test_which_modules_count_as_needing_torch(tmp_path: Path) -> None:
         "test_ddtree_runtime.py",
         "test_ddtree_tp.py",
         "test_ddtree_tree.py",
+        "test_gdn_replay.py",
+        "test_gdn_verify_bench.py",
     ]
     cases = {
         "import torch.nn.functional as F\n": True,
