@@ -118,23 +118,30 @@ def service_swap_capture_size_problem(
     capture_size: Any, verify_tokens: Any, vllm_version: str | None = None, engine_home: str | Path | None = None
 ) -> str:
     """Why the deployed vLLM release would refuse service_swap_max_cudagraph_capture_size ('' when it
-    would not): a number of tokens other than 0 must be at least its base's smallest capture size
+    would not): the release first cuts a number of tokens other than 0 down to the largest size of
+    its grid at or under it, and that size must hold the tokens its base asks for
     (``cudagraphs.capture_size`` in ddtree/vllm-<release>/base.json; vLLM 0.20.1: one request's
     verified tokens and its root, else no full decode graph is left, "No valid cudagraph sizes after
-    rounding"). ``vllm_version`` names the release (the engine's sole base without it), ``engine_home``
-    the folder of the bases (the repository's ddtree/ by default)."""
+    rounding"). The sentence says what was asked, what vLLM would capture and the smallest grid size
+    that holds them. ``vllm_version`` names the release (the engine's sole base without it),
+    ``engine_home`` the folder of the bases (the repository's ddtree/ by default)."""
     size = str(capture_size)
     if not size.isdigit() or int(size) == 0:
         return ""
     base = load_rules(engine_home, vllm_version)
-    need = base.min_capture_size(int(verify_tokens))
-    if int(size) >= need:
+    verify = int(verify_tokens)
+    smallest = base.min_capture_size(verify)
+    if int(size) >= smallest:
         return ""
+    need = base.capture_tokens(verify)
+    captured = base.grid_at_or_under(int(size))
     requests = base.capture_min_requests
     who = "one request verifies" if requests == 1 else f"{requests} requests verify"
     return (
-        f"service_swap_max_cudagraph_capture_size is {capture_size}, less than the {need} tokens {who}"
-        f" per step: vLLM would refuse to start. Use auto (one graph per batch), 0 (vLLM's default) or at least {need}."
+        f"service_swap_max_cudagraph_capture_size is {capture_size}: vLLM {base.release} cuts it down to the largest"
+        f" size of its grid ({base.grid_words()}) at or under it and captures CUDA graphs of at most {captured}"
+        f" tokens, less than the {need} tokens {who} per step, so it would refuse to start. Use auto (one graph per"
+        f" batch), 0 (vLLM's default) or at least {smallest}, the smallest grid size that holds {need} tokens."
     )
 
 
