@@ -469,7 +469,7 @@ def test_preflight_refuses_a_ddtree_budget_whose_tree_state_cannot_fit(dirs):
     assert res.returncode == 2
     out = " ".join(res.stdout.split())
     assert "1 requests of max_model_len=32768 (service_swap_max_num_seqs) need" in out, out
-    assert "(256 slots of 3.3 MiB in each of 48 layers: one per verified token and the root)" in out, out
+    assert "(256 slots of 3.3 MiB in each of 48 layers: one per verified token (255) and one more)" in out, out
     assert "Fix: not even one request fits" in out and "Nothing was changed." in out, out
     # A budget of 15 fits: the preflight goes on to the next check (the SGLang unit).
     args[-1] = args[-1].replace('"shared_settings_ddtree_budget": 255', '"shared_settings_ddtree_budget": 15')
