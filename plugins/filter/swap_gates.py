@@ -114,6 +114,21 @@ def service_swap_budget_problem(budget: Any, shared_budget: Any, num_speculative
     )
 
 
+# The rule as vLLM 0.20.1 writes it (vllm/config/vllm.py, VllmConfig._set_cudagraph_sizes, the default
+# performance mode; the base's cudagraphs.capture_size.grid holds it as data):
+#     cudagraph_capture_sizes = [i for i in [1, 2, 4] if i <= max_cudagraph_capture_size]
+#     if max_cudagraph_capture_size >= 8:
+#         cudagraph_capture_sizes += list(range(8, min(max_cudagraph_capture_size + 1, 256), 8))
+#     if max_cudagraph_capture_size >= 256:
+#         cudagraph_capture_sizes += list(range(256, max_cudagraph_capture_size + 1, 16))
+#     ...
+#     valid_max_size = cudagraph_capture_sizes[-1] if cudagraph_capture_sizes else 0
+#     ...  logger.warning("Truncating max_cudagraph_capture_size to %d", valid_max_size)
+# then CompilationConfig.adjust_cudagraph_sizes_for_spec_decode rounds each size up to a multiple of a
+# request's tokens, drops those over valid_max_size and raises "No valid cudagraph sizes after rounding"
+# when none is left and one request's tokens exceed it. Not modelled: vLLM first lowers the cap to
+# max_num_batched_tokens and then captures that number itself, which matters only where
+# service_swap_max_num_batched_tokens is at or under the cap.
 def service_swap_capture_size_problem(
     capture_size: Any, verify_tokens: Any, vllm_version: str | None = None, engine_home: str | Path | None = None
 ) -> str:
