@@ -4,8 +4,9 @@ A base is one vLLM release with the DDTree engine's change set for it. Its descr
 what the Ansible side computes with: which recurrent layers get branch-local tree state (and at
 which convolution width), how many batched-token slots the scheduler reserves per sequence for
 drafting, the tokens a request's verification batch takes in a CUDA graph (with the most graphs
-worth capturing, and the smallest capture size the release accepts), and how the release lays out
-the KV cache (block multiple, state slots per request, convolution columns, layer groups).
+worth capturing, the size grid a capture cap is cut down to, and the smallest cap the release
+starts with), and how the release lays out the KV cache (block multiple, state slots per request,
+convolution columns, layer groups).
 plugins/filter/ddtree_method.py, swap_gates.py and memory_fit.py read the rules here (the arithmetic
 with them is theirs and module_utils/memory_fit.py's); ddtree/bases.py lists and loads the same
 descriptors for the engine's own code. Adding a base is adding its folder: nothing here names a
@@ -20,6 +21,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,9 @@ MAX_CONV_WIDTH = 64
 MAX_GRAPH_SIZES = 65536
 MAX_BLOCK_MULTIPLE = 4096
 MAX_GROUP_MERGE_RATIO = 16
+# The most sizes listed before a capture grid's steps, and the largest size or step they name.
+MAX_GRID_SIZES = 64
+MAX_GRID_SIZE = 1 << 24
 # The repository's DDTree engine (one vllm-<release>/ folder per base), beside module_utils/: what the
 # controller-side filters read when they are given no other home.
 ENGINE_HOME = Path(__file__).resolve().parents[1] / "ddtree"
@@ -62,8 +67,12 @@ class BaseRules:
     # CUDA graphs: verified_tokens + graph_tokens_plus tokens per request, at most max_graph_sizes sizes.
     graph_tokens_plus: int
     max_graph_sizes: int
-    # A max_cudagraph_capture_size other than 0 must hold this many requests' graph tokens (0: any size).
+    # A max_cudagraph_capture_size other than 0 must hold this many requests' graph tokens (0: any size)
+    # once cut down to the largest size of the grid at or under it: the grid is capture_grid_sizes, then
+    # from each step's first size on, every step's-th size up to the next step's first.
     capture_min_requests: int
+    capture_grid_sizes: tuple[int, ...]
+    capture_grid_steps: tuple[tuple[int, int], ...]
     # KV cache: attention blocks are multiples of kv_block_multiple tokens; a request holds
     # verified_tokens + kv_state_slots_plus recurrent state slots per Gated DeltaNet group; the
     # convolution window holds conv width + verified_tokens + kv_conv_columns_plus columns; layer kinds
@@ -81,9 +90,46 @@ class BaseRules:
         """Tokens one request takes in a uniform verification batch."""
         return verified_tokens + self.graph_tokens_plus
 
-    def min_capture_size(self, verified_tokens: int) -> int:
-        """The smallest max_cudagraph_capture_size other than 0 the release starts with (0: any)."""
+    def capture_tokens(self, verified_tokens: int) -> int:
+        """The graph tokens a max_cudagraph_capture_size other than 0 must hold once cut to the grid (0: none)."""
         return self.capture_min_requests * self.graph_tokens(verified_tokens)
+
+    def min_capture_size(self, verified_tokens: int) -> int:
+        """The smallest max_cudagraph_capture_size other than 0 the release starts with (0: any): the
+        smallest grid size that holds capture_tokens."""
+        need = self.capture_tokens(verified_tokens)
+        return self.grid_at_or_above(need) if need else 0
+
+    def _grid_spans(self) -> list[tuple[int, int, int | None]]:
+        """Each step as (first size, step, first size of the next step or None)."""
+        firsts = [first for first, _ in self.capture_grid_steps[1:]]
+        return [
+            (first, every, end) for (first, every), end in zip(self.capture_grid_steps, [*firsts, None], strict=True)
+        ]
+
+    def grid_at_or_under(self, size: int) -> int:
+        """The largest grid size at or under ``size``, what the release cuts a cap of ``size`` down to (0: none)."""
+        found = [s for s in self.capture_grid_sizes if s <= size]
+        for first, every, end in self._grid_spans():
+            top = size if end is None else min(size, end - 1)
+            if top >= first:
+                found.append(first + (top - first) // every * every)
+        return max(found, default=0)
+
+    def grid_at_or_above(self, size: int) -> int:
+        """The smallest grid size at or above ``size`` (the last step has no end, so there is one)."""
+        found = [s for s in self.capture_grid_sizes if s >= size]
+        for first, every, end in self._grid_spans():
+            point = first + max(-(-(size - first) // every), 0) * every
+            if end is None or point < end:
+                found.append(point)
+        return min(found)
+
+    def grid_words(self) -> str:
+        """The grid in words: ``1, 2, 4, then every 8 from 8 and every 16 from 256``."""
+        steps = " and ".join(f"every {every} from {first}" for first, every in self.capture_grid_steps)
+        sizes = ", ".join(str(s) for s in self.capture_grid_sizes)
+        return f"{sizes}, then {steps}" if sizes else steps
 
     def state_slots(self, verified_tokens: int) -> int:
         """Recurrent state slots one request holds in each Gated DeltaNet layer group."""
@@ -174,6 +220,45 @@ def _ratio(data: Mapping[str, Any], path: str, keys: str, low: float, high: floa
     return float(value)
 
 
+def _grid(data: Mapping[str, Any], path: str) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """cudagraphs.capture_size.grid: ascending sizes, then steps ({from, every}) whose first sizes ascend
+    above them; the last step has no end, as vLLM's grid has none."""
+    keys = "cudagraphs.capture_size.grid"
+    sizes = _field(data, path, f"{keys}.sizes")
+    steps = _field(data, path, f"{keys}.steps")
+
+    def whole(value: Any) -> bool:
+        return not isinstance(value, bool) and isinstance(value, int) and 1 <= value <= MAX_GRID_SIZE
+
+    if (
+        not isinstance(sizes, list)
+        or len(sizes) > MAX_GRID_SIZES
+        or not all(whole(s) for s in sizes)
+        or any(a >= b for a, b in pairwise(sizes))
+    ):
+        raise BaseError(
+            f"{path}: {keys}.sizes is {sizes!r}; it must be a list of at most {MAX_GRID_SIZES} ascending whole "
+            f"numbers from 1 to {MAX_GRID_SIZE}"
+        )
+    if (
+        not isinstance(steps, list)
+        or not 1 <= len(steps) <= MAX_GRID_SIZES
+        or not all(isinstance(x, Mapping) and set(x) == {"from", "every"} for x in steps)
+        or not all(whole(x["from"]) and whole(x["every"]) for x in steps)
+    ):
+        raise BaseError(
+            f'{path}: {keys}.steps is {steps!r}; it must be a list of 1 to {MAX_GRID_SIZES} steps {{"from": first '
+            f'size, "every": step}}, whole numbers from 1 to {MAX_GRID_SIZE}'
+        )
+    pairs = tuple((x["from"], x["every"]) for x in steps)
+    firsts = [first for first, _ in pairs]
+    if any(a >= b for a, b in pairwise(firsts)) or (sizes and firsts[0] <= sizes[-1]):
+        raise BaseError(
+            f"{path}: {keys}.steps start at {firsts}; each must start above the sizes and the step before it"
+        )
+    return tuple(sizes), pairs
+
+
 def rules(data: Mapping[str, Any], path: str = DESCRIPTOR) -> BaseRules:
     """The rules of one descriptor, every field checked; BaseError names the file and the field."""
     if _field(data, path, "format") != FORMAT:
@@ -186,6 +271,8 @@ def rules(data: Mapping[str, Any], path: str = DESCRIPTOR) -> BaseRules:
         raise BaseError(
             f"{path}: tree_state.layers is {layers!r}; it must be a list of layer kinds (config.json layer_types)"
         )
+    min_requests = _whole(data, path, "cudagraphs.capture_size.min_requests", 0, MAX_OFFSET)
+    grid_sizes, grid_steps = _grid(data, path)
     return BaseRules(
         release=release,
         tree_layers=tuple(layers),
@@ -195,7 +282,9 @@ def rules(data: Mapping[str, Any], path: str = DESCRIPTOR) -> BaseRules:
         ),
         graph_tokens_plus=_whole(data, path, "cudagraphs.tokens_per_request.verified_tokens_plus", 1, MAX_OFFSET),
         max_graph_sizes=_whole(data, path, "cudagraphs.max_sizes", 1, MAX_GRAPH_SIZES),
-        capture_min_requests=_whole(data, path, "cudagraphs.capture_size.min_requests", 0, MAX_OFFSET),
+        capture_min_requests=min_requests,
+        capture_grid_sizes=grid_sizes,
+        capture_grid_steps=grid_steps,
         kv_block_multiple=_whole(data, path, "kv_layout.block_tokens_multiple", 1, MAX_BLOCK_MULTIPLE),
         kv_state_slots_plus=_whole(data, path, "kv_layout.state_slots_per_request.verified_tokens_plus", 0, MAX_OFFSET),
         kv_conv_columns_plus=_whole(

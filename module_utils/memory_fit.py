@@ -111,6 +111,8 @@ class KvLayout:
     state_slot_bytes: int = 0
     state_slots: int = 0
     state_layers: int = 0
+    # The tokens verified per step that the base's rule turned into state_slots.
+    verified_tokens: int = 0
 
     def pages_per_request(self) -> int:
         return sum(groups * blocks for groups, blocks in self.groups.values())
@@ -120,7 +122,7 @@ class KvLayout:
         return self.group_size * self.page_bytes * self.pages_per_request()
 
     def state_bytes(self) -> int:
-        """The part of request_bytes that is recurrent state (DDTree: one slot per node and the root)."""
+        """The part of request_bytes that is recurrent state (the base's state slots in every Gated DeltaNet group)."""
         groups, blocks = self.groups.get(GDN, (0, 0))
         return self.group_size * self.page_bytes * groups * blocks
 
@@ -252,7 +254,7 @@ def kv_layout(
     slots = base.state_slots(spec_tokens) if slot else 0
     if state_layers:
         groups[GDN] = (-(-state_layers // group_size), base.state_slots(spec_tokens))
-    return KvLayout(block, page, group_size, groups, slot, slots, state_layers)
+    return KvLayout(block, page, group_size, groups, slot, slots, state_layers, spec_tokens)
 
 
 def captured_bytes_per_token(layers: int, hidden: int, dtype: str) -> int:
@@ -372,6 +374,16 @@ def memory_fit(
     )
 
 
+def _slots_words(layout: KvLayout) -> str:
+    """Where a request's state slots come from, by the deployed base's rule (the layout's slots against
+    its verified tokens): ``one per verified token (15) and one more``."""
+    more = layout.state_slots - layout.verified_tokens
+    if more == 0:
+        return f"one per verified token ({layout.verified_tokens})"
+    extra = "one more" if more == 1 else f"{more} more"
+    return f"one per verified token ({layout.verified_tokens}) and {extra}"
+
+
 def fit_verdict(fit: Fit, lower: bool, max_model_len: int, hostname: str = "the node") -> dict[str, Any]:
     """What service_swap does with a fit: ``{"refuse": str, "note": str, "max_num_seqs": int}``.
 
@@ -389,8 +401,8 @@ def fit_verdict(fit: Fit, lower: bool, max_model_len: int, hostname: str = "the 
     if fit.state:
         parts += (
             f", {_gib(fit.state)} of it recurrent state ({fit.layout.state_slots} slots of "
-            f"{fit.layout.state_slot_bytes / MIB:.1f} MiB in each of {fit.layout.state_layers} layers: one per "
-            "verified token and the root)"
+            f"{fit.layout.state_slot_bytes / MIB:.1f} MiB in each of {fit.layout.state_layers} layers: "
+            f"{_slots_words(fit.layout)})"
         )
     needed = fit.max_num_seqs * fit.request
     if fit.fits >= fit.max_num_seqs:

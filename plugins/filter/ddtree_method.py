@@ -136,8 +136,9 @@ def ddtree_cudagraph_sizes(
     up to ``max_num_seqs x q``, from sizes on its own grid (multiples of 8, of 16 from 256) rounded
     up to multiples of ``q``: no cap gives ``n q`` itself a graph where no grid point lies within a
     request's tokens below it (33 requests at budget 14), and a cap off the grid is truncated (8
-    requests at budget 64, docs/benchmarks.md). Sizes given explicitly are kept as given
-    (tests/unit/test_ddtree_method.py runs vLLM's own code from the wheel on them).
+    requests at budget 64, docs/benchmarks.md). Sizes given explicitly are kept as given: the grid
+    applies only to a cap, so these sizes need not lie on it (tests/unit/test_ddtree_method.py runs
+    vLLM's own code from the wheel on them for every budget 1..64).
     """
     values = (max_num_seqs, verify_tokens, max_num_batched_tokens)
     if any(isinstance(v, bool) or not str(v).strip().isdigit() for v in values):

@@ -114,27 +114,49 @@ def service_swap_budget_problem(budget: Any, shared_budget: Any, num_speculative
     )
 
 
+# The rule as vLLM 0.20.1 writes it (vllm/config/vllm.py, VllmConfig._set_cudagraph_sizes, the default
+# performance mode; the base's cudagraphs.capture_size.grid holds it as data):
+#     cudagraph_capture_sizes = [i for i in [1, 2, 4] if i <= max_cudagraph_capture_size]
+#     if max_cudagraph_capture_size >= 8:
+#         cudagraph_capture_sizes += list(range(8, min(max_cudagraph_capture_size + 1, 256), 8))
+#     if max_cudagraph_capture_size >= 256:
+#         cudagraph_capture_sizes += list(range(256, max_cudagraph_capture_size + 1, 16))
+#     ...
+#     valid_max_size = cudagraph_capture_sizes[-1] if cudagraph_capture_sizes else 0
+#     ...  logger.warning("Truncating max_cudagraph_capture_size to %d", valid_max_size)
+# then CompilationConfig.adjust_cudagraph_sizes_for_spec_decode rounds each size up to a multiple of a
+# request's tokens, drops those over valid_max_size and raises "No valid cudagraph sizes after rounding"
+# when none is left and one request's tokens exceed it. Not modelled: vLLM first lowers the cap to
+# max_num_batched_tokens and then captures that number itself, which matters only where
+# service_swap_max_num_batched_tokens is at or under the cap.
 def service_swap_capture_size_problem(
     capture_size: Any, verify_tokens: Any, vllm_version: str | None = None, engine_home: str | Path | None = None
 ) -> str:
     """Why the deployed vLLM release would refuse service_swap_max_cudagraph_capture_size ('' when it
-    would not): a number of tokens other than 0 must be at least its base's smallest capture size
+    would not): the release first cuts a number of tokens other than 0 down to the largest size of
+    its grid at or under it, and that size must hold the tokens its base asks for
     (``cudagraphs.capture_size`` in ddtree/vllm-<release>/base.json; vLLM 0.20.1: one request's
     verified tokens and its root, else no full decode graph is left, "No valid cudagraph sizes after
-    rounding"). ``vllm_version`` names the release (the engine's sole base without it), ``engine_home``
-    the folder of the bases (the repository's ddtree/ by default)."""
+    rounding"). The sentence says what was asked, what vLLM would capture and the smallest grid size
+    that holds them. ``vllm_version`` names the release (the engine's sole base without it),
+    ``engine_home`` the folder of the bases (the repository's ddtree/ by default)."""
     size = str(capture_size)
     if not size.isdigit() or int(size) == 0:
         return ""
     base = load_rules(engine_home, vllm_version)
-    need = base.min_capture_size(int(verify_tokens))
-    if int(size) >= need:
+    verify = int(verify_tokens)
+    smallest = base.min_capture_size(verify)
+    if int(size) >= smallest:
         return ""
+    need = base.capture_tokens(verify)
+    captured = base.grid_at_or_under(int(size))
     requests = base.capture_min_requests
     who = "one request verifies" if requests == 1 else f"{requests} requests verify"
     return (
-        f"service_swap_max_cudagraph_capture_size is {capture_size}, less than the {need} tokens {who}"
-        f" per step: vLLM would refuse to start. Use auto (one graph per batch), 0 (vLLM's default) or at least {need}."
+        f"service_swap_max_cudagraph_capture_size is {capture_size}: vLLM {base.release} cuts it down to the largest"
+        f" size of its grid ({base.grid_words()}) at or under it and captures CUDA graphs of at most {captured}"
+        f" tokens, less than the {need} tokens {who} per step, so it would refuse to start. Use auto (one graph per"
+        f" batch), 0 (vLLM's default) or at least {smallest}, the smallest grid size that holds {need} tokens."
     )
 
 

@@ -93,7 +93,7 @@ def gpu_script() -> Callable[[str], object]:
 # A vLLM base whose rules differ from 0.20.1's (ddtree/vllm-0.20.1/base.json) in every field the Ansible
 # side reads: trees on Gated DeltaNet and Mamba-2 layers with a width-3 convolution, as many draft slots
 # per sequence as verified tokens, two extra graph tokens per request, at most 4 graphs and none
-# smaller than two requests' tokens, and a KV cache of 64-token block multiples, one state slot per
+# smaller than two requests' tokens on a grid of 2 then every 10 from 10, and a KV cache of 64-token block multiples, one state slot per
 # verified token (no root), width + verified tokens convolution columns and groups merged up to 16x.
 SYNTHETIC_BASE = {
     "format": 1,
@@ -102,7 +102,7 @@ SYNTHETIC_BASE = {
     "cudagraphs": {
         "tokens_per_request": {"verified_tokens_plus": 2},
         "max_sizes": 4,
-        "capture_size": {"min_requests": 2},
+        "capture_size": {"min_requests": 2, "grid": {"sizes": [2], "steps": [{"from": 10, "every": 10}]}},
     },
     "kv_layout": {
         "block_tokens_multiple": 64,

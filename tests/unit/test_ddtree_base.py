@@ -18,7 +18,10 @@ GOOD = {
     "cudagraphs": {
         "tokens_per_request": {"verified_tokens_plus": 1},
         "max_sizes": 512,
-        "capture_size": {"min_requests": 1},
+        "capture_size": {
+            "min_requests": 1,
+            "grid": {"sizes": [1, 2, 4], "steps": [{"from": 8, "every": 8}, {"from": 256, "every": 16}]},
+        },
     },
     "kv_layout": {
         "block_tokens_multiple": 16,
@@ -41,10 +44,33 @@ def test_a_good_descriptor_reads_as_its_rules() -> None:
     base = rules(GOOD)
     assert (base.release, base.tree_layers, base.conv_width) == ("1.2.3", ("linear_attention",), 4)
     assert base.max_graph_sizes == 512
-    assert (base.draft_slots(64), base.graph_tokens(64), base.min_capture_size(64)) == (63, 65, 65)
+    assert (base.draft_slots(64), base.graph_tokens(64), base.capture_tokens(64)) == (63, 65, 65)
+    # A cap must hold 65 tokens once cut down to the grid: 72 is the smallest grid size that does.
+    assert base.min_capture_size(64) == 72
     assert (base.kv_block_multiple, base.state_slots(64), base.conv_columns(4, 64)) == (16, 65, 67)
     # Layer counts within 1.5x of each other share the largest's group size; further apart, the smallest's.
     assert (base.group_size([16, 5, 48]), base.group_size([36, 36]), base.group_size([10, 14])) == (5, 36, 14)
+
+
+def test_the_capture_grid_cuts_down_and_rounds_up_as_written() -> None:
+    """The grid 1, 2, 4, every 8 from 8 below 256, every 16 from 256 (vLLM 0.20.1's), written out."""
+    base = rules(GOOD)
+    assert base.grid_words() == "1, 2, 4, then every 8 from 8 and every 16 from 256"
+    under = {0: 0, 1: 1, 3: 2, 7: 4, 8: 8, 15: 8, 255: 248, 256: 256, 271: 256, 520: 512, 10**9: 10**9}
+    assert {size: base.grid_at_or_under(size) for size in under} == under
+    above = {1: 1, 3: 4, 5: 8, 9: 16, 249: 256, 256: 256, 257: 272, 495: 496, 10**9 + 1: 10**9 + 16}
+    assert {size: base.grid_at_or_above(size) for size in above} == above
+    # One size per budget: 9 tokens (budget 8) and 15 (budget 14) are off the grid, 16 is on it.
+    assert (base.min_capture_size(8), base.min_capture_size(14), base.min_capture_size(15)) == (16, 16, 16)
+    # A grid of steps only, and a base that needs no requests' tokens at all.
+    steps_only = copy.deepcopy(GOOD)
+    steps_only["cudagraphs"]["capture_size"] = {
+        "min_requests": 0,
+        "grid": {"sizes": [], "steps": [{"from": 5, "every": 5}]},
+    }
+    base = rules(steps_only)
+    assert (base.grid_words(), base.grid_at_or_under(4), base.grid_at_or_above(6)) == ("every 5 from 5", 0, 10)
+    assert base.min_capture_size(64) == 0
 
 
 def _with(path: str, value: object) -> dict:
@@ -81,6 +107,27 @@ def _with(path: str, value: object) -> dict:
         ("cudagraphs.max_sizes", 1e400, "cudagraphs.max_sizes is inf; it must be a whole number"),
         ("cudagraphs.capture_size", KeyError, "base.json has no cudagraphs.capture_size.min_requests; add it"),
         ("cudagraphs.capture_size.min_requests", -1, "min_requests is -1; it must be a whole number from 0 to 64"),
+        ("cudagraphs.capture_size.grid", KeyError, "base.json has no cudagraphs.capture_size.grid.sizes; add it"),
+        (
+            "cudagraphs.capture_size.grid.sizes",
+            [4, 2],
+            "grid.sizes is [4, 2]; it must be a list of at most 64 ascending",
+        ),
+        ("cudagraphs.capture_size.grid.sizes", [0], "grid.sizes is [0]; it must be a list of at most 64 ascending"),
+        ("cudagraphs.capture_size.grid.sizes", [True], "grid.sizes is [True]; it must be a list"),
+        ("cudagraphs.capture_size.grid.steps", [], "grid.steps is []; it must be a list of 1 to 64 steps"),
+        ("cudagraphs.capture_size.grid.steps", [{"from": 8}], "grid.steps is [{'from': 8}]; it must be a list"),
+        ("cudagraphs.capture_size.grid.steps", [{"from": 8, "every": 0}], "it must be a list of 1 to 64 steps"),
+        (
+            "cudagraphs.capture_size.grid.steps",
+            [{"from": 4, "every": 4}],
+            "grid.steps start at [4]; each must start above the sizes and the step before it",
+        ),
+        (
+            "cudagraphs.capture_size.grid.steps",
+            [{"from": 256, "every": 16}, {"from": 8, "every": 8}],
+            "grid.steps start at [256, 8]; each must start above the sizes and the step before it",
+        ),
         ("kv_layout", KeyError, "base.json has no kv_layout.block_tokens_multiple; add it"),
         ("kv_layout.block_tokens_multiple", 0, "block_tokens_multiple is 0; it must be a whole number from 1 to 4096"),
         (

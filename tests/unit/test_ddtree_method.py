@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -68,10 +69,9 @@ def _wheel_method(source: str, cls: str, name: str):
 
 
 @pytest.fixture(scope="module")
-def vllm_graph_sizes():
-    """vLLM 0.20.1's VllmConfig._set_cudagraph_sizes then CompilationConfig.adjust_cudagraph_sizes_for_spec_decode
-    (what the engine runs with full decode graphs and spec decode, the change set applied), on stand-in
-    configs: the sizes it captures, or None where it refuses to start."""
+def vllm_sizing():
+    """vLLM 0.20.1's VllmConfig._set_cudagraph_sizes and CompilationConfig.adjust_cudagraph_sizes_for_spec_decode
+    from the wheel, and stand-in configs to run them on: ``(set_sizes, adjust, configs)``."""
     # vllm/config/vllm.py as the change set leaves it (it patches that file); compilation.py as released.
     sources = {p: data.decode() for p, data in release_files.patched(["vllm/config/vllm.py"]).items()}
     sources.update({p: data.decode() for p, data in release_files.pristine(["vllm/config/compilation.py"]).items()})
@@ -80,7 +80,7 @@ def vllm_graph_sizes():
         sources["vllm/config/compilation.py"], "CompilationConfig", "adjust_cudagraph_sizes_for_spec_decode"
     )
 
-    def sizes(compilation_config: dict, query_len: int, max_num_seqs: int, max_num_batched_tokens: int):
+    def configs(compilation_config: dict, query_len: int, max_num_seqs: int, max_num_batched_tokens: int):
         compilation = SimpleNamespace(
             cudagraph_mode="FULL_AND_PIECEWISE",
             max_cudagraph_capture_size=compilation_config.get("max_cudagraph_capture_size"),
@@ -96,6 +96,20 @@ def vllm_graph_sizes():
             parallel_config=SimpleNamespace(tensor_parallel_size=1),
             performance_mode="balanced",
         )
+        return config, compilation
+
+    return set_sizes, adjust, configs
+
+
+@pytest.fixture(scope="module")
+def vllm_graph_sizes(vllm_sizing):
+    """vLLM 0.20.1's VllmConfig._set_cudagraph_sizes then CompilationConfig.adjust_cudagraph_sizes_for_spec_decode
+    (what the engine runs with full decode graphs and spec decode, the change set applied), on stand-in
+    configs: the sizes it captures, or None where it refuses to start."""
+    set_sizes, adjust, configs = vllm_sizing
+
+    def sizes(compilation_config: dict, query_len: int, max_num_seqs: int, max_num_batched_tokens: int):
+        config, compilation = configs(compilation_config, query_len, max_num_seqs, max_num_batched_tokens)
         try:
             set_sizes(config)
             adjust(compilation, query_len, 1)
@@ -140,26 +154,75 @@ def test_every_uniform_batch_the_scheduler_can_make_has_its_own_graph(vllm_graph
                     assert captured == sizes, (seqs, verify, tokens)
 
 
+@pytest.fixture(scope="module")
+def vllm_cut_cap(vllm_sizing):
+    """What vLLM 0.20.1's VllmConfig._set_cudagraph_sizes cuts a max_cudagraph_capture_size down to ("Truncating
+    max_cudagraph_capture_size to %d"), before any rounding to a request's tokens."""
+    set_sizes, _, configs = vllm_sizing
+
+    def cut(cap: int, query_len: int) -> int:
+        config, compilation = configs({"max_cudagraph_capture_size": cap}, query_len, 8, 65536)
+        set_sizes(config)
+        return compilation.max_cudagraph_capture_size
+
+    return cut
+
+
+def test_the_rendered_sizes_are_captured_as_given_at_every_budget(vllm_graph_sizes) -> None:
+    """vLLM 0.20.1 cuts only a cap down to its size grid: a list of sizes is kept as given, so for every budget
+    1..64 each uniform batch's size (a multiple of budget + 1, mostly off the grid) gets its own graph."""
+    for verify in range(1, 65):
+        for seqs, tokens in ((1, 16384), (8, 65536), (32, 16384), (33, 65536)):
+            sizes = ddtree_cudagraph_sizes(seqs, verify, tokens)
+            assert sizes == [(verify + 1) * k for k in range(1, seqs + 1)]  # written out: one per batch
+            assert vllm_graph_sizes({"cudagraph_capture_sizes": sizes}, verify + 1, seqs, tokens) == sizes, (
+                verify,
+                seqs,
+            )
+
+
 def test_the_smallest_capture_size_is_where_vllm_0_20_1_starts(vllm_graph_sizes) -> None:
-    """service_swap_capture_size_problem's floor (the base's cudagraphs.capture_size) against vLLM's own code:
-    one token under it vLLM refuses ("No valid cudagraph sizes after rounding"), at it vLLM starts."""
-    for verify, seqs in ((15, 8), (7, 33), (63, 4), (1, 2), (3, 5)):
-        floor = verify + 1  # written out: one request's verified tokens and its root
+    """service_swap_capture_size_problem's floor (the base's cudagraphs.capture_size and its grid) against vLLM's
+    own code: one token under it vLLM refuses ("No valid cudagraph sizes after rounding"), at it vLLM starts."""
+    # Written out: the smallest size of 1, 2, 4, every 8 that holds one request's verified tokens and its root.
+    for verify, seqs, floor in ((15, 8, 16), (7, 33, 8), (63, 4, 64), (1, 2, 2), (3, 5, 4), (8, 3, 16), (14, 33, 16)):
         assert service_swap_capture_size_problem(floor - 1, verify, "0.20.1") != ""
         assert service_swap_capture_size_problem(floor, verify, "0.20.1") == ""
         assert vllm_graph_sizes({"max_cudagraph_capture_size": floor - 1}, verify + 1, seqs, 65536) is None
-        assert vllm_graph_sizes({"max_cudagraph_capture_size": floor}, verify + 1, seqs, 65536) == [floor]
+        assert vllm_graph_sizes({"max_cudagraph_capture_size": floor}, verify + 1, seqs, 65536) == [
+            (floor // (verify + 1)) * (verify + 1)
+        ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: vLLM 0.20.1 first truncates a cap to its size grid (1, 2, 4, multiples of 8, of 16 from "
-    "256), so a cap of budget + 1 off that grid is refused too; the base's capture_size has no grid yet",
-)
 def test_a_cap_off_vllms_size_grid_is_refused_as_vllm_refuses_it(vllm_graph_sizes) -> None:
     assert vllm_graph_sizes({"max_cudagraph_capture_size": 15}, 15, 33, 65536) is None  # truncated to 8
     assert vllm_graph_sizes({"max_cudagraph_capture_size": 16}, 15, 33, 65536) == [15]
     assert service_swap_capture_size_problem(15, 14, "0.20.1") != ""
+    assert service_swap_capture_size_problem(16, 14, "0.20.1") == ""
+
+
+_AT_MOST = re.compile(r"captures CUDA graphs of at most (\d+) tokens, less than the (\d+) tokens")
+_AT_LEAST = re.compile(r"or at least (\d+), the smallest grid size")
+
+
+def test_every_budget_s_capture_check_agrees_with_vllm_s_own_sizing(vllm_graph_sizes, vllm_cut_cap) -> None:
+    """For every budget 1..64 and every cap up to two requests' tokens past the next grid size, the preflight
+    refuses exactly the caps vLLM 0.20.1's own sizing code refuses, names the size vLLM cuts the cap down to,
+    and the value it asks for is the smallest cap vLLM starts with."""
+    for verify in range(1, 65):
+        query_len = verify + 1
+        starts = [
+            cap
+            for cap in range(1, 4 * query_len + 32)
+            if vllm_graph_sizes({"max_cudagraph_capture_size": cap}, query_len, 8, 65536) is not None
+        ]
+        for cap in range(1, 4 * query_len + 32):
+            problem = service_swap_capture_size_problem(cap, verify, "0.20.1")
+            assert (problem == "") == (cap in starts), (verify, cap, problem)
+            if problem:
+                at_most, need = (int(n) for n in _AT_MOST.search(problem).groups())
+                assert (at_most, need) == (vllm_cut_cap(cap, query_len), query_len), (verify, cap)
+                assert int(_AT_LEAST.search(problem).group(1)) == min(starts), (verify, cap)
 
 
 def test_the_service_swap_defaults_render_32_graphs_at_budget_64() -> None:

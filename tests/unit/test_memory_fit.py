@@ -216,7 +216,7 @@ def test_a_misfit_refuses_with_every_part_and_the_setting_to_change() -> None:
         "51.78 GiB, the drafter's 3.22 GiB, the profile run's peak 3.71 GiB, the reserve 2.00 GiB "
         "(service_swap_fit_reserve_mib), leaving 65.64 GiB for the KV cache; one request of max_model_len=32768 needs "
         "5.77 GiB, 2.64 GiB of it recurrent state (16 slots of 3.4 MiB in each of 48 layers: one per verified token "
-        "and the root)"
+        "(15) and one more)"
     )
     # roles/tune records a refused candidate's reason cut to 300 characters: the count and the fix are in it.
     reason = tune_candidate_reason({"status": "refused", "reason": verdict["refuse"] + ". Nothing was changed."}, {})
@@ -310,6 +310,17 @@ def test_the_filter_lays_the_cache_out_by_the_deployed_release_s_base(tmp_path: 
     assert (parts["request"], parts["recurrent_state"]) == (2.884, 1.318)
     parts = run_filter(vllm_version="9.9.9", engine_home=synthetic_base(tmp_path))["parts_gib"]
     assert (parts["request"], parts["recurrent_state"]) == (7.301, 1.23)
+
+
+def test_a_second_base_s_refusal_counts_the_state_slots_by_its_own_rule(tmp_path: Path, synthetic_base) -> None:
+    """The synthetic base keeps one state slot per verified token and none for the root: on one H200 its refusal
+    says 15 slots for 15 verified tokens, where 0.20.1's says 16 (one more). A slot there is 48 x 128 x 128 x 4
+    + 10,240 x (4 + 15) x 2 bytes = 3.4 MiB."""
+    one_h200 = {"gpus": [{"memory_total_mib": 143771}], "tensor_parallel_size": 1}
+    refuse = run_filter(vllm_version="9.9.9", engine_home=synthetic_base(tmp_path), **one_h200)["refuse"]
+    assert refuse.endswith("(15 slots of 3.4 MiB in each of 48 layers: one per verified token (15))"), refuse
+    refuse = run_filter(vllm_version="0.20.1", **one_h200)["refuse"]
+    assert refuse.endswith("(16 slots of 3.4 MiB in each of 48 layers: one per verified token (15) and one more)")
 
 
 def test_a_base_the_fit_cannot_read_refuses_naming_it(tmp_path: Path, synthetic_base) -> None:

@@ -469,7 +469,7 @@ def test_preflight_refuses_a_ddtree_budget_whose_tree_state_cannot_fit(dirs):
     assert res.returncode == 2
     out = " ".join(res.stdout.split())
     assert "1 requests of max_model_len=32768 (service_swap_max_num_seqs) need" in out, out
-    assert "(256 slots of 3.3 MiB in each of 48 layers: one per verified token and the root)" in out, out
+    assert "(256 slots of 3.3 MiB in each of 48 layers: one per verified token (255) and one more)" in out, out
     assert "Fix: not even one request fits" in out and "Nothing was changed." in out, out
     # A budget of 15 fits: the preflight goes on to the next check (the SGLang unit).
     args[-1] = args[-1].replace('"shared_settings_ddtree_budget": 255', '"shared_settings_ddtree_budget": 15')
@@ -510,14 +510,22 @@ def test_preflight_refuses_a_cuda_graph_cap_that_is_not_auto_or_tokens(dirs, val
 
 
 def test_preflight_refuses_a_cuda_graph_cap_below_one_request_s_tokens(dirs):
-    """vLLM 0.20.1 would refuse to start: no size holds the 16 tokens a request verifies (budget 15)."""
+    """vLLM 0.20.1 would refuse to start: the size of its grid a cap is cut down to must hold the tokens a request
+    verifies and its root (16 for the 15-token chain)."""
     res = preflight(dirs, "-e", "service_swap_max_cudagraph_capture_size=8")
     assert res.returncode == 2
-    assert "service_swap_max_cudagraph_capture_size is 8, less than the 16 tokens one request verifies per step" in (
-        " ".join(res.stdout.split())
-    )
+    assert (
+        "service_swap_max_cudagraph_capture_size is 8: vLLM 0.20.1 cuts it down to the largest size of its grid"
+    ) in " ".join(res.stdout.split())
+    assert "or at least 16, the smallest grid size that holds 16 tokens" in " ".join(res.stdout.split())
     res = preflight(dirs, "-e", "service_swap_max_cudagraph_capture_size=16")
     assert "less than the" not in res.stdout
+    # 15 holds a 14-token chain's request, but vLLM 0.20.1 cuts 15 down to its grid's 8 first.
+    res = preflight(
+        dirs, "-e", "service_swap_max_cudagraph_capture_size=15", "-e", "shared_settings_num_speculative_tokens=14"
+    )
+    assert res.returncode == 2
+    assert "captures CUDA graphs of at most 8 tokens, less than the 15 tokens" in " ".join(res.stdout.split())
 
 
 @pytest.mark.parametrize(

@@ -115,25 +115,48 @@ def test_a_ddtree_budget_below_the_depth_is_named_by_where_it_came_from() -> Non
 
 
 def test_a_capture_size_under_one_requests_tokens_is_refused() -> None:
-    for fine in ("auto", 0, "0", 9, 16):
+    for fine in ("auto", 0, "0", 16, 17):
         assert service_swap_capture_size_problem(fine, 8) == "", fine
     assert service_swap_capture_size_problem(8, "15") == (
-        "service_swap_max_cudagraph_capture_size is 8, less than the 16 tokens one request verifies per step: vLLM"
-        " would refuse to start. Use auto (one graph per batch), 0 (vLLM's default) or at least 16."
+        "service_swap_max_cudagraph_capture_size is 8: vLLM 0.20.1 cuts it down to the largest size of its grid (1, 2,"
+        " 4, then every 8 from 8 and every 16 from 256) at or under it and captures CUDA graphs of at most 8 tokens,"
+        " less than the 16 tokens one request verifies per step, so it would refuse to start. Use auto (one graph per"
+        " batch), 0 (vLLM's default) or at least 16, the smallest grid size that holds 16 tokens."
     )
     assert service_swap_capture_size_problem(8, "15", "0.20.1+cu130") == service_swap_capture_size_problem(8, "15")
 
 
-def test_a_second_base_s_descriptor_sets_the_smallest_capture_size(tmp_path: Path, synthetic_base) -> None:
-    """The synthetic base takes two extra graph tokens per request and at least two requests' worth: at 15
-    verified tokens that is 2 x 17 = 34, where 0.20.1 takes 16; nothing in the filter names either."""
-    home = synthetic_base(tmp_path)
-    for fine in ("auto", 0, 34, 40):
-        assert service_swap_capture_size_problem(fine, 15, "9.9.9", home) == "", fine
-    assert service_swap_capture_size_problem(16, 15, "9.9.9", home) == (
-        "service_swap_max_cudagraph_capture_size is 16, less than the 34 tokens 2 requests verify per step: vLLM"
-        " would refuse to start. Use auto (one graph per batch), 0 (vLLM's default) or at least 34."
+def test_a_capture_size_off_the_grid_is_refused_with_the_size_vllm_would_capture() -> None:
+    """9 tokens hold budget 8's request, but vLLM 0.20.1 cuts 9 down to 8 first; 15 at budget 14 to 8 too."""
+    assert service_swap_capture_size_problem(9, 8) == (
+        "service_swap_max_cudagraph_capture_size is 9: vLLM 0.20.1 cuts it down to the largest size of its grid (1, 2,"
+        " 4, then every 8 from 8 and every 16 from 256) at or under it and captures CUDA graphs of at most 8 tokens,"
+        " less than the 9 tokens one request verifies per step, so it would refuse to start. Use auto (one graph per"
+        " batch), 0 (vLLM's default) or at least 16, the smallest grid size that holds 9 tokens."
     )
+    assert "captures CUDA graphs of at most 8 tokens, less than the 15 tokens" in service_swap_capture_size_problem(
+        15, 14
+    )
+    # Past 256 the grid steps by 16: budget 255's 256 tokens fit 256 to 271, budget 256's 257 need 272.
+    assert service_swap_capture_size_problem(271, 255) == ""
+    assert "at most 256 tokens, less than the 257 tokens" in service_swap_capture_size_problem(271, 256)
+    assert service_swap_capture_size_problem(272, 256) == ""
+
+
+def test_a_second_base_s_descriptor_sets_the_smallest_capture_size(tmp_path: Path, synthetic_base) -> None:
+    """The synthetic base takes two extra graph tokens per request and at least two requests' worth on a grid of
+    2 then every 10 from 10: at 15 verified tokens that is 2 x 17 = 34 tokens, held by 40, where 0.20.1 takes 16;
+    nothing in the filter names either."""
+    home = synthetic_base(tmp_path)
+    for fine in ("auto", 0, 40, 49):
+        assert service_swap_capture_size_problem(fine, 15, "9.9.9", home) == "", fine
+    assert service_swap_capture_size_problem(39, 15, "9.9.9", home) == (
+        "service_swap_max_cudagraph_capture_size is 39: vLLM 9.9.9 cuts it down to the largest size of its grid (2,"
+        " then every 10 from 10) at or under it and captures CUDA graphs of at most 30 tokens, less than the 34 tokens"
+        " 2 requests verify per step, so it would refuse to start. Use auto (one graph per batch), 0 (vLLM's default)"
+        " or at least 40, the smallest grid size that holds 34 tokens."
+    )
+    assert "at most 2 tokens, less than the 34 tokens" in service_swap_capture_size_problem(9, 15, "9.9.9", home)
 
 
 def test_previous_vllm_refusals_say_what_is_missing_and_what_to_do() -> None:
