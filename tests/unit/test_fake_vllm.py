@@ -389,3 +389,22 @@ def test_a_broken_or_ambiguous_descriptor_is_a_refusal_naming_it(tmp_path, targe
     (fakes / "ddtree/vllm-9.9.9/base.json").write_text("{}")
     with pytest.raises(fake.Refusal, match=r"has 2 bases \(0\.20\.1, 9\.9\.9\)"):
         engine(target, *SCHEDULER, "--speculative-config", tree)
+
+
+def test_connections_beyond_the_accept_loop_wait_in_the_backlog_not_for_a_syn_retransmit():
+    """32 clients connect while nothing accepts (a busy host): each is queued at once, as by vLLM's uvicorn."""
+    import socket
+    import threading
+
+    e = fake.Engine(name="vllm", model_path="/nowhere", served_name="m", host="127.0.0.1", port=0, gpus=[0])
+    server = fake.Server(("127.0.0.1", 0), fake.make_handler(e, threading.Event()))
+    clients = []
+    try:
+        for _ in range(32):
+            c = socket.create_connection(server.server_address, timeout=0.5)
+            clients.append(c)
+    finally:
+        for c in clients:
+            c.close()
+        server.server_close()
+    assert len(clients) == 32
