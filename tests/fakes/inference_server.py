@@ -11,9 +11,14 @@ nvidia-smi adds to its memory.used, so waiting for the GPUs to be free is tested
     vllm serve MODEL_DIR ...                               the same, through a link named `vllm`
 
 As vLLM it refuses what vLLM 0.20.1 refuses (a model directory without config.json, a bad
---speculative-config, a drafter directory or its config.json missing) and also more
-speculative tokens than the drafter's block holds (N > block_size - 1), which real vLLM runs
-with silently degraded acceptance. /metrics carries vLLM's spec-decode counters under their real
+--speculative-config, a drafter directory or its config.json missing, draft slots that leave the
+scheduler no tokens) and also more speculative tokens than the drafter's block holds
+(N > block_size - 1), which real vLLM runs with silently degraded acceptance. How many
+batched-token slots a sequence reserves for drafting is the DDTree engine's base descriptor's rule
+(ddtree/vllm-<release>/base.json "scheduler", read by module_utils/ddtree_base.py): on a lab node
+tests/lab/labctl.py copies both beside this file (ddtree_base.py, ddtree/vllm-<release>/base.json);
+run from a checkout, they are the repository's own. The stand-in plays the release of the one base
+there is. /metrics carries vLLM's spec-decode counters under their real
 names. The API key comes from --api-key or VLLM_API_KEY and guards /v1/* only, as in vLLM.
 
 Speed: generation takes time the way a memory-bound decoder's does. Every target step lasts
@@ -56,6 +61,7 @@ Standard library only: lab nodes have nothing but Debian's python3.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -68,6 +74,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 HOLDERS_DIR = Path(os.environ.get("LAB_FAKES_HOLDERS", "/run/lab-fakes/gpu-holders"))
+# The base descriptors' reader and the folder of vllm-<release>/base.json: beside this file on a lab
+# node (tests/lab/labctl.py copies them there), the checkout's own otherwise (see engine_rules).
+HERE = Path(__file__).resolve().parent
+READER_MODULE = "lab_stand_in_ddtree_base"
 KNOBS_FILE = Path(os.environ.get("LAB_FAKES_KNOBS", "/etc/lab-fakes/engine-knobs.json"))
 MEASURED_FILE = Path(os.environ.get("LAB_FAKES_MEASURED", "/etc/lab-fakes/measured-figures.json"))
 # What one H200 of the captured fixtures has (143771 MiB) times SGLang's default
@@ -277,6 +287,32 @@ def parse_speculative_config(raw: str, tp: int) -> dict:
     return spec
 
 
+def engine_rules():
+    """The rules (module_utils/ddtree_base.py BaseRules) of the one DDTree base beside HERE or in the checkout.
+
+    A Refusal naming the file when the reader or the descriptor is missing or broken, or there is
+    not exactly one base (the stand-in plays one release).
+    """
+    node, checkout = HERE / "ddtree_base.py", HERE.parents[1] / "module_utils" / "ddtree_base.py"
+    if node.is_file():
+        reader, home = node, HERE / "ddtree"
+    elif checkout.is_file():
+        reader, home = checkout, HERE.parents[1] / "ddtree"
+    else:
+        raise Refusal(
+            f"{node} is missing: the stand-in reads the DDTree base's rules with it; tests/lab/labctl.py puts it "
+            "there when it makes the node (make the node again)"
+        )
+    spec = importlib.util.spec_from_file_location(READER_MODULE, reader)
+    base = importlib.util.module_from_spec(spec)
+    sys.modules[READER_MODULE] = base  # its dataclasses look their module up there
+    spec.loader.exec_module(base)
+    try:
+        return base.load_rules(home)
+    except base.BaseError as e:
+        raise Refusal(f"the stand-in cannot read the DDTree base's rules: {e}") from None
+
+
 class VLLM(Engine):
     """`vllm serve MODEL ...` as the unit renders it."""
 
@@ -346,10 +382,11 @@ class VLLM(Engine):
         if self.speculative_raw is not None:
             self.speculative = parse_speculative_config(self.speculative_raw, len(self.gpus))
             spec = self.speculative
-            # vLLM 0.20.1 (VllmConfig._set_max_num_scheduled_tokens): DFlash drafts in parallel and
-            # reserves (tokens verified per step - 1) batched-token slots per sequence.
+            # vLLM (VllmConfig._set_max_num_scheduled_tokens): DFlash drafts in parallel and reserves
+            # batched-token slots per sequence for it, as many as the base's rule says for the tokens
+            # verified per step.
             verified = int(spec.get("ddtree_budget") or spec["num_speculative_tokens"])
-            left = self.max_num_batched_tokens - (verified - 1) * self.max_num_seqs
+            left = self.max_num_batched_tokens - engine_rules().draft_slots(verified) * self.max_num_seqs
             if left <= 0:
                 raise Refusal(
                     f"max_num_scheduled_tokens is set to {left} based on the speculative decoding settings,"
@@ -522,6 +559,18 @@ class Holder:
         self.path.unlink(missing_ok=True)
 
 
+class Server(ThreadingHTTPServer):
+    """The HTTP server, with the listen backlog of vLLM's (uvicorn's default, 2048).
+
+    socketserver's default of 5 is fewer than the requests roles/tune sends at once: while a busy
+    host keeps the accept loop from running, the kernel drops the connections beyond it and each
+    of those clients waits for TCP's one-second SYN retransmit, which the benchmark counts as the
+    engine's time (a chain measured 18% slow at 8 requests, enough to flip a ranking).
+    """
+
+    request_queue_size = 2048
+
+
 def make_handler(engine: Engine, ready: threading.Event):
     class Handler(BaseHTTPRequestHandler):
         server_version = f"lab-fake-{engine.name}"
@@ -647,7 +696,7 @@ def main(argv: list[str], prog: str = "inference_server.py") -> int:
         print("error: engine died during start (knob die_at_start)", file=sys.stderr)
         return 1
     ready = threading.Event()
-    server = ThreadingHTTPServer((engine.host, engine.port), make_handler(engine, ready))
+    server = Server((engine.host, engine.port), make_handler(engine, ready))
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     with Holder(engine):
 

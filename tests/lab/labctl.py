@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import ipaddress
 import json
 import os
@@ -321,6 +322,25 @@ def chroot(rootfs: Path, *cmd: str) -> None:
     run("chroot", str(rootfs), *cmd, capture=True)
 
 
+def copy_engine_rules(fakes: Path) -> None:
+    """Put the DDTree bases' descriptors and their reader beside the stand-in, which reads its vLLM rules there.
+
+    ``fakes/ddtree_base.py`` (module_utils/ddtree_base.py) and ``fakes/ddtree/vllm-<release>/base.json``
+    for every base: the stand-in reserves draft slots by the descriptor's scheduler rule, not one of its own.
+    """
+    reader = REPO / "module_utils" / "ddtree_base.py"
+    spec = importlib.util.spec_from_file_location("labctl_ddtree_base", reader)
+    base = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = base  # its dataclasses look their module up there
+    spec.loader.exec_module(base)
+    shutil.copy2(reader, fakes / "ddtree_base.py")
+    home = REPO / "ddtree"
+    for release in base.releases(home):
+        dest = base.descriptor_path(fakes / "ddtree", release)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(base.descriptor_path(home, release), dest)
+
+
 SGLANG_UNIT = f"""[Unit]
 Description=SGLang serving Qwen3.6-27B with MTP (lab stand-in: tests/fakes/inference_server.py)
 After=network-online.target
@@ -363,6 +383,7 @@ def lay_out_node(lab: Lab, node: Node, rootfs: Path) -> None:
     vllm = fakes / "vllm"  # the stand-in plays vLLM when called by this name: `vllm serve MODEL ...`
     if not vllm.is_symlink():
         vllm.symlink_to("inference_server.py")
+    copy_engine_rules(fakes)
     if (FAKES / "nvidia_smi.py").exists():
         shutil.copy2(FAKES / "nvidia_smi.py", rootfs / "usr/bin/nvidia-smi")
         (rootfs / "usr/bin/nvidia-smi").chmod(0o755)

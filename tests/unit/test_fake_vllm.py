@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
+
+from ddtree.repo import repo_file
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("inference_server", REPO / "tests" / "fakes" / "inference_server.py")
@@ -317,3 +320,91 @@ def test_a_speed_knob_or_an_unknown_method_turns_the_figures_off(tmp_path, targe
     assert tree.speed(0.0, 1)[0] == pytest.approx(1 + 0.004 * 15)
     odd = _serving(target, drafter, 48)
     assert odd.replay is None
+
+
+# The draft-slot rule is the DDTree base descriptor's ("scheduler" in ddtree/vllm-<release>/base.json),
+# read with module_utils/ddtree_base.py: on a lab node both lie beside the stand-in, as labctl copies them.
+def _node_fakes(tmp_path) -> Path:
+    """/opt/lab-fakes as tests/lab/labctl.py lays it out: the stand-in, its `vllm` link, the bases' rules."""
+    labctl = repo_file("tests/lab/labctl.py")
+    fakes = tmp_path / "opt" / "lab-fakes"
+    fakes.mkdir(parents=True)
+    shutil.copy2(REPO / "tests" / "fakes" / "inference_server.py", fakes / "inference_server.py")
+    (fakes / "vllm").symlink_to("inference_server.py")
+    labctl.copy_engine_rules(fakes)
+    return fakes
+
+
+def _set_draft_rule(fakes: Path, plus: int) -> None:
+    (descriptor,) = (fakes / "ddtree").glob("vllm-*/base.json")
+    data = json.loads(descriptor.read_text())
+    data["scheduler"]["draft_slots_per_sequence"]["verified_tokens_plus"] = plus
+    descriptor.write_text(json.dumps(data))
+
+
+def test_labctl_gives_the_node_every_base_and_the_reader(tmp_path):
+    fakes = _node_fakes(tmp_path)
+    assert (fakes / "ddtree_base.py").read_bytes() == (REPO / "module_utils" / "ddtree_base.py").read_bytes()
+    copied = sorted(p.relative_to(fakes / "ddtree").as_posix() for p in (fakes / "ddtree").rglob("*") if p.is_file())
+    assert copied == ["vllm-0.20.1/base.json"]
+    assert (fakes / "ddtree/vllm-0.20.1/base.json").read_bytes() == (REPO / "ddtree/vllm-0.20.1/base.json").read_bytes()
+
+
+def test_on_a_node_the_stand_in_reserves_draft_slots_by_the_copied_descriptor(tmp_path, target, drafter):
+    """Run as the unit runs it (through the `vllm` link): 32 sequences of DDTree 16 and 496 batched tokens."""
+    import subprocess
+
+    fakes = _node_fakes(tmp_path)
+    knobs = tmp_path / "knobs.json"
+    knobs.write_text(json.dumps({"vllm": {"die_at_start": True}}))  # past every refusal: exit 1 before serving
+    tree = spec(method="ddtree", model=str(drafter), num_speculative_tokens=15, ddtree_budget=16)
+    argv = [str(fakes / "vllm"), "serve", str(target), "--max-num-seqs", "32", "--max-num-batched-tokens", "496"]
+    env = {"LAB_FAKES_KNOBS": str(knobs), "LAB_FAKES_HOLDERS": str(tmp_path / "holders"), "PATH": "/usr/bin:/bin"}
+
+    def start() -> str:
+        res = subprocess.run([*argv, "--speculative-config", tree], env=env, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 1
+        return res.stderr
+
+    # 0.20.1's rule: 15 slots a sequence, 480 in all, 16 tokens left to schedule.
+    assert "engine died during start (knob die_at_start)" in start()
+    # A base whose rule reserves the verified tokens themselves: 512 slots, 16 short.
+    _set_draft_rule(fakes, 0)
+    assert "error: max_num_scheduled_tokens is set to -16 based on the speculative decoding settings" in start()
+    # Nothing to read the rule from: the stand-in says so instead of guessing one.
+    (fakes / "ddtree_base.py").unlink()
+    assert f"{fakes / 'ddtree_base.py'} is missing" in start()
+
+
+def test_a_broken_or_ambiguous_descriptor_is_a_refusal_naming_it(tmp_path, target, drafter, monkeypatch):
+    fakes = _node_fakes(tmp_path)
+    monkeypatch.setattr(fake, "HERE", fakes)
+    tree = spec(method="ddtree", model=str(drafter), num_speculative_tokens=15, ddtree_budget=16)
+    _set_draft_rule(fakes, "-1")
+    with pytest.raises(fake.Refusal, match=r"cannot read the DDTree base's rules: .*vllm-0\.20\.1/base\.json: "):
+        engine(target, *SCHEDULER, "--speculative-config", tree)
+    _set_draft_rule(fakes, -1)
+    assert engine(target, *SCHEDULER, "--speculative-config", tree).speculative["ddtree_budget"] == 16
+    (fakes / "ddtree/vllm-9.9.9").mkdir()
+    (fakes / "ddtree/vllm-9.9.9/base.json").write_text("{}")
+    with pytest.raises(fake.Refusal, match=r"has 2 bases \(0\.20\.1, 9\.9\.9\)"):
+        engine(target, *SCHEDULER, "--speculative-config", tree)
+
+
+def test_connections_beyond_the_accept_loop_wait_in_the_backlog_not_for_a_syn_retransmit():
+    """32 clients connect while nothing accepts (a busy host): each is queued at once, as by vLLM's uvicorn."""
+    import socket
+    import threading
+
+    e = fake.Engine(name="vllm", model_path="/nowhere", served_name="m", host="127.0.0.1", port=0, gpus=[0])
+    server = fake.Server(("127.0.0.1", 0), fake.make_handler(e, threading.Event()))
+    clients = []
+    try:
+        for _ in range(32):
+            c = socket.create_connection(server.server_address, timeout=0.5)
+            clients.append(c)
+    finally:
+        for c in clients:
+            c.close()
+        server.server_close()
+    assert len(clients) == 32
