@@ -30,7 +30,8 @@ host-deps:
 	@tests/lab/host-deps.sh
 
 # requirements.txt: what an operator's controller needs, and all that `make lab` installs (the lab
-# tool and the stand-in engines use the standard library only); requirements-test.txt (which starts
+# tool and the stand-in engines need only the standard library, and numpy for the fake drafter's
+# weights, which matplotlib brings); requirements-test.txt (which starts
 # with it) adds the lint, test and benchmark tools (torch and triton among them) for `make test`.
 # A change to either re-installs.
 $(BIN)/.installed-lab: requirements.txt

@@ -31,6 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# Why sys.path: this is a script run by its path, without the repository root on sys.path (so no
+# ddtree.repo), and module_utils/ and tests/unit/ are no packages; their folders go first so that
+# safetensors_header and the tests' checkpoint writer (safetensors_files) import by their names.
 sys.path.insert(0, str(REPO / "module_utils"))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 

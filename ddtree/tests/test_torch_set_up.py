@@ -1,4 +1,4 @@
-"""ddtree/tests/conftest.py (through ddtree/ddtree/tests/torch_set_up.py) imports torch only for the test modules that
+"""ddtree/tests/conftest.py (through ddtree/tests/torch_set_up.py) imports torch only for the test modules that
 import it, and sets it up for them whichever module ran first (TRITON_INTERPRET before Triton,
 torch._dynamo beside Ansible's sys.intern).
 
