@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "benchmark": "ddtree_tree_bench",
         "command": " ".join(cmd),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "hardware": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpu_threads": torch.get_num_threads(),
@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                 out.write_text(json.dumps(report, indent=2) + "\n")
 
     print()
-    print(f"device: {report['device']}  torch {report['torch']}  vocab {args.vocab}  depth {args.depth}")
+    print(f"hardware: {report['hardware']}  torch {report['torch']}  vocab {args.vocab}  depth {args.depth}")
     header = (
         f"{'B':>2} {'budget':>6} | {'ours ms':>8} {'queued':>8} {'graph ms':>8} {'+copies':>8} {'vocab ms':>8} "
         f"{'walk ms':>8} {'ops gr.':>8} | {'ref ms':>8} | {'ratio':>6} {'queued':>6} {'graph':>6} | agree"

@@ -171,7 +171,7 @@ def main() -> int:
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     with open(args.out, "w") as f:
-        json.dump({"gpu": torch.cuda.get_device_name(), "tolerance": args.tolerance, "rows": rows}, f, indent=1)
+        json.dump({"hardware": torch.cuda.get_device_name(), "tolerance": args.tolerance, "rows": rows}, f, indent=1)
     print(f"{failures} variant(s) outside tolerance {args.tolerance}")
     return 1 if failures else 0
 

@@ -767,7 +767,7 @@ def main() -> int:
             return cmd_driver(a.pair, a.out, a.runs, a.budget_s, not a.no_reference)
         if a.cmd == "record":
             summary = json.loads(Path(a.out, "summary.json").read_text())
-            meta = {"gpu": a.gpu, "vllm": "0.20.1", "manifest_sha256": a.changeset, "command": a.command}
+            meta = {"hardware": a.gpu, "vllm": "0.20.1", "manifest_sha256": a.changeset, "command": a.command}
             Path(a.result).write_text(json.dumps(record(a.pair, summary, meta), indent=1) + "\n")
             return 0
         return write_summary(a.pair, a.out)

@@ -58,3 +58,12 @@ def test_every_result_file_a_doc_names_exists() -> None:
         return any((REPO / folder / name).exists() for folder in RESULT_DIRS)
 
     assert sorted(n for n in names if not found(n)) == []
+
+
+def test_a_result_no_doc_cites_is_found() -> None:
+    text = docs_text()
+    assert cited("ddtree/results", REPO / "ddtree/results/step_cost_27b_h200.json", text)
+    assert cited("ddtree/results", REPO / "ddtree/results/trained_hybrid_h100.json", text)
+    assert not cited("ddtree/results", REPO / "ddtree/results/step_cost_70b_h200.json", text)
+    assert not cited("tests/gpu/results", REPO / "tests/gpu/results/h100-nvidia-gpu-probe.json", text)
+    assert not cited("tests/gpu/results", REPO / "tests/gpu/results/other/serve_check.json", text)
