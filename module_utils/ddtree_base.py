@@ -294,6 +294,21 @@ def rules(data: Mapping[str, Any], path: str = DESCRIPTOR) -> BaseRules:
     )
 
 
+def rules_for(home: str | Path | None, version: str | None) -> BaseRules | None:
+    """Which base's rules apply to the deployed vLLM ``version``: its own base's, or None where the engine has
+    no descriptor for that release. None is the answer, never another base: a rule the project knows only
+    from a descriptor holds only for that release, so its checks are not run on another (the caller says
+    so). Without a version, the sole base's (BaseError when there are none or several). A descriptor that
+    exists but is not one is a BaseError, as in load_rules."""
+    home = ENGINE_HOME if home in (None, "") else home
+    if version in (None, ""):
+        return load_rules(home)
+    try:
+        return load_rules(home, version)
+    except NoBaseError:
+        return None
+
+
 def load_rules(home: str | Path | None = None, release: str | None = None) -> BaseRules:
     """The rules of ``release``'s base under ``home`` (ENGINE_HOME when None; the sole base when
     ``release`` is None)."""

@@ -140,7 +140,9 @@ class Fit:
     state: int
     max_num_seqs: int
     fits: int
-    layout: KvLayout
+    # None where the deployed release has no base: its KV layout is not known, so request, state and
+    # fits are not counted (fits is max_num_seqs while anything is left for the KV cache, else 0).
+    layout: KvLayout | None
     parts: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -319,7 +321,7 @@ def memory_fit(
     depth: int,
     ddtree: bool,
     reserve_mib: int,
-    base: BaseRules,
+    base: BaseRules | None,
     target_path: str = "config.json",
     drafter_path: str = "drafter config.json",
 ) -> Fit:
@@ -328,7 +330,8 @@ def memory_fit(
     ``target_weights``/``drafter_weights``: the checkpoints' tensor bytes (split over the tensor-parallel
     GPUs); ``spec_tokens``: tokens verified per step (the chain's depth, DDTree's budget); ``depth``: the
     drafter's depth; ``reserve_mib``: what vLLM holds outside weights, profile and KV cache per GPU;
-    ``base``: the deployed vLLM release's rules (module_utils/ddtree_base.py), its KV cache layout.
+    ``base``: the deployed vLLM release's rules (module_utils/ddtree_base.py), its KV cache layout; None
+    where the release has no base (then only the weights, the profile and the reserve are counted).
     """
     try:
         tp = _number(tensor_parallel_size, "service_swap_tensor_parallel_size", 1, MAX_TP)
@@ -342,7 +345,14 @@ def memory_fit(
         reserve = _number(reserve_mib, "service_swap_fit_reserve_mib", 0, MAX_GPU_MIB) * MIB
         t_weights = _number(target_weights, "the target's weight bytes", 0, MAX_WEIGHTS)
         d_weights = _number(drafter_weights, "the drafter's weight bytes", 0, MAX_WEIGHTS)
-        layout = kv_layout(target, drafter, spec, model_len, tp, target_path, drafter_path, base=base)
+        # Without a base the fit runs partly: the weights (the checkpoints' bytes) and the profile run (the
+        # model's shapes) are no release's rule, so a node they alone fill is refused as any release would
+        # refuse it (no room for a KV cache); the KV layout is the base's rule, so requests are not counted.
+        layout = (
+            None
+            if base is None
+            else kv_layout(target, drafter, spec, model_len, tp, target_path, drafter_path, base=base)
+        )
         text, where = text_config(target, target_path)
         fix = f"fix {target_path} or set shared_settings_target_dir to a complete model"
         hidden = _field(text, "hidden_size", where, fix)
@@ -357,9 +367,11 @@ def memory_fit(
     profile = profile_bytes(hidden, intermediate // tp, vocab, captured, dtype, tokens, seqs, spec, depth, ddtree)
     budget = int(gpu_mib * MIB * share)
     weights_target, weights_drafter = t_weights // tp, d_weights // tp
-    request = layout.request_bytes()
+    request = layout.request_bytes() if layout else 0
     free = budget - weights_target - weights_drafter - profile - reserve
     fits = max(int(free // request), 0) if request else seqs
+    if layout is None and free <= 0:
+        fits = 0
     return Fit(
         budget=budget,
         weights_target=weights_target,
@@ -367,7 +379,7 @@ def memory_fit(
         profile=profile,
         reserve=reserve,
         request=request,
-        state=layout.state_bytes(),
+        state=layout.state_bytes() if layout else 0,
         max_num_seqs=seqs,
         fits=fits,
         layout=layout,
@@ -395,9 +407,22 @@ def fit_verdict(fit: Fit, lower: bool, max_model_len: int, hostname: str = "the 
         f"per GPU {_gib(fit.budget)} for vLLM (memory x gpu_memory_utilization) holds the target's weights "
         f"{_gib(fit.weights_target)}, the drafter's {_gib(fit.weights_drafter)}, the profile run's peak "
         f"{_gib(fit.profile)}, the reserve {_gib(fit.reserve)} (service_swap_fit_reserve_mib), leaving "
-        f"{_gib(max(fit.kv_available, 0))} for the KV cache; one request of max_model_len={max_model_len} needs "
-        f"{_gib(fit.request)}"
+        f"{_gib(max(fit.kv_available, 0))} for the KV cache"
     )
+    if fit.layout is None:
+        # No base: only whether anything is left for the KV cache is known (memory_fit says why).
+        if fit.fits >= 1:
+            return {"refuse": "", "note": "", "max_num_seqs": fit.max_num_seqs}
+        return {
+            "refuse": (
+                f"the weights and the profile run leave no memory for the KV cache on {hostname}, so vLLM would "
+                "refuse to start. Fix: raise the tensor parallel size or shared_settings_gpu_memory_utilization, or "
+                f"lower service_swap_max_num_batched_tokens. How it adds up: {parts}"
+            ),
+            "note": "",
+            "max_num_seqs": fit.max_num_seqs,
+        }
+    parts += f"; one request of max_model_len={max_model_len} needs {_gib(fit.request)}"
     if fit.state:
         parts += (
             f", {_gib(fit.state)} of it recurrent state ({fit.layout.state_slots} slots of "

@@ -5,7 +5,9 @@ figures) for roles/service_swap/tasks/memory_fit.yml, which runs it before SGLan
 KV cache is laid out is the deployed vLLM release's rule (``kv_layout`` in its base's descriptor
 ddtree/vllm-<release>/base.json, read by module_utils/ddtree_base.py): ``vllm_version`` names the
 release (without it, the engine's sole base), ``engine_home`` the folder of the bases (the
-repository's ddtree/ by default).
+repository's ddtree/ by default). A release without a base gets the part of the fit that needs no
+base's rule (module_utils/memory_fit.py's memory_fit says why): request and recurrent_state are then
+None in parts_gib, and service_swap_result.skipped_checks names the KV cache check.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(Path(__file__).resolve().pa
     if os.path.isdir(_p) and _p not in ansible.module_utils.__path__:
         ansible.module_utils.__path__.append(_p)
 
-from ansible.module_utils.ddtree_base import BaseError, load_rules
+from ansible.module_utils.ddtree_base import BaseError, rules_for
 from ansible.module_utils.memory_fit import GIB, MemoryFitError, fit_verdict, memory_fit
 from ansible.module_utils.target_config import TargetConfigError
 
@@ -90,7 +92,7 @@ def service_swap_memory_fit(
             depth=settings["depth"],
             ddtree=settings["method"] == "ddtree",
             reserve_mib=settings["reserve_mib"],
-            base=load_rules(engine_home, vllm_version),
+            base=rules_for(engine_home, vllm_version),
             target_path=target_path,
             drafter_path=drafter_path,
         )
@@ -98,7 +100,7 @@ def service_swap_memory_fit(
         return {"refuse": f"the memory fit cannot run: {exc}", "note": "", "max_num_seqs": seqs}
     verdict = fit_verdict(fit, bool(settings["lower"]), int(settings["max_model_len"]), hostname)
     verdict["parts_gib"] = {
-        name: round(value / GIB, 3)
+        name: None if value is None else round(value / GIB, 3)
         for name, value in (
             ("budget", fit.budget),
             ("weights_target", fit.weights_target),
@@ -106,8 +108,8 @@ def service_swap_memory_fit(
             ("profile", fit.profile),
             ("reserve", fit.reserve),
             ("kv_available", fit.kv_available),
-            ("request", fit.request),
-            ("recurrent_state", fit.state),
+            ("request", fit.request if fit.layout else None),
+            ("recurrent_state", fit.state if fit.layout else None),
         )
     }
     verdict["fits"] = fit.fits

@@ -17,7 +17,7 @@ for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(Path(__file__).resolve().pa
     if os.path.isdir(_p) and _p not in ansible.module_utils.__path__:
         ansible.module_utils.__path__.append(_p)
 
-from ansible.module_utils.ddtree_base import load_rules
+from ansible.module_utils.ddtree_base import ENGINE_HOME, BaseError, release_of, releases, rules_for
 
 
 def service_swap_missing_paths(results: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -79,15 +79,26 @@ def service_swap_gpus_busy_problem(facts: Mapping[str, Any], max_used_mib: Any, 
 
 
 def service_swap_draft_slots_problem(
-    max_num_seqs: Any, draft_slots: Any, max_num_batched_tokens: Any, method: str
+    max_num_seqs: Any,
+    verify_tokens: Any,
+    max_num_batched_tokens: Any,
+    method: str,
+    vllm_version: str | None = None,
+    engine_home: str | Path | None = None,
 ) -> str:
     """Why vLLM would refuse the scheduler limits ('' when it would not): it reserves batched-token
-    slots per sequence for drafting (``draft_slots`` over all max_num_seqs, by the deployed release's
-    rule: the ddtree_draft_slots filter), and their sum must stay below max_num_batched_tokens."""
-    seqs, slots, tokens = int(max_num_seqs), int(draft_slots), int(max_num_batched_tokens)
+    slots per sequence for drafting (by the deployed release's base: vLLM 0.20.1, ``verify_tokens - 1``),
+    and their sum over max_num_seqs must stay below max_num_batched_tokens. '' where the release has no
+    base (its rule is not known here: service_swap_skipped_checks says so); the engine's sole base
+    without a ``vllm_version``."""
+    base = rules_for(engine_home, vllm_version)
+    if base is None:
+        return ""
+    seqs, tokens = int(max_num_seqs), int(max_num_batched_tokens)
+    per_seq = base.draft_slots(int(verify_tokens))
+    slots = seqs * per_seq
     if tokens > slots:
         return ""
-    per_seq = slots // max(seqs, 1)
     return (
         'vLLM would refuse to start ("max_num_scheduled_tokens ... does not allow any tokens to be scheduled"): it'
         f" reserves {per_seq} batched-token slots per sequence for {method} drafting, so service_swap_max_num_seqs"
@@ -138,12 +149,15 @@ def service_swap_capture_size_problem(
     (``cudagraphs.capture_size`` in ddtree/vllm-<release>/base.json; vLLM 0.20.1: one request's
     verified tokens and its root, else no full decode graph is left, "No valid cudagraph sizes after
     rounding"). The sentence says what was asked, what vLLM would capture and the smallest grid size
-    that holds them. ``vllm_version`` names the release (the engine's sole base without it),
-    ``engine_home`` the folder of the bases (the repository's ddtree/ by default)."""
+    that holds them. ``vllm_version`` names the release (the engine's sole base without it; '' where
+    it has no base, whose grid is not known here), ``engine_home`` the folder of the bases (the
+    repository's ddtree/ by default)."""
     size = str(capture_size)
     if not size.isdigit() or int(size) == 0:
         return ""
-    base = load_rules(engine_home, vllm_version)
+    base = rules_for(engine_home, vllm_version)
+    if base is None:
+        return ""
     verify = int(verify_tokens)
     smallest = base.min_capture_size(verify)
     if int(size) >= smallest:
@@ -158,6 +172,55 @@ def service_swap_capture_size_problem(
         f" tokens, less than the {need} tokens {who} per step, so it would refuse to start. Use auto (one graph per"
         f" batch), 0 (vLLM's default) or at least {smallest}, the smallest grid size that holds {need} tokens."
     )
+
+
+def service_swap_ddtree_base_problem(method: str, vllm_version: str, engine_home: str | Path | None = None) -> str:
+    """Why DDTree is refused on ``vllm_version`` ('' for the DFlash chain, or where the release has a base):
+    without a base the project has no change set for that release (ddtree_patch refuses it), so vLLM there
+    would not verify trees."""
+    if method != "ddtree" or rules_for(engine_home, vllm_version) is not None:
+        return ""
+    known = ", ".join(releases(engine_home or ENGINE_HOME)) or "none"
+    return (
+        f"service_swap_spec_method is ddtree, but this project's DDTree change set has no base for vLLM "
+        f"{release_of(vllm_version)} (no ddtree/vllm-{release_of(vllm_version)}/base.json; bases: {known}), so "
+        "ddtree_patch cannot patch it and vLLM there verifies no trees. Use dflash on this release, or set "
+        "shared_settings_vllm_version to a release with a base."
+    )
+
+
+# The checks that need a base's rules, as service_swap_result.skipped_checks names them, with what each
+# compares; service_swap_skipped_checks lists those not run on a release without a base.
+BASE_CHECKS = {
+    "draft_slots": "service_swap_max_num_batched_tokens against the batched-token slots vLLM reserves per sequence "
+    "for drafting (scheduler)",
+    "capture_size": "service_swap_max_cudagraph_capture_size against the release's CUDA-graph size grid",
+    "memory_fit_kv_cache": "how many requests of service_swap_max_model_len the KV cache holds (its layout); the "
+    "weights and the profile run's peak are still checked against the GPU's memory",
+}
+
+
+def service_swap_skipped_checks(
+    vllm_version: str, capture_size: Any = "auto", engine_home: str | Path | None = None
+) -> list[dict[str, str]]:
+    """The preflight's checks not run because ``vllm_version`` has no base descriptor, each as ``{check,
+    what, why}`` (service_swap_result.skipped_checks, the preflight's note); [] where the release has a
+    base. The capture-size check is listed only where a cap of tokens other than 0 was set (auto and 0
+    give it nothing to check). A descriptor that is there but broken gives []: the checks themselves then
+    refuse, naming the file."""
+    try:
+        if rules_for(engine_home, vllm_version) is not None:
+            return []
+    except BaseError:
+        return []
+    release = release_of(vllm_version)
+    why = (
+        f"vLLM {release} has no base descriptor in ddtree/: its scheduler/CUDA-graph/KV rules are not known "
+        "here; vLLM checks them at start, and the health gate rolls back if it refuses"
+    )
+    size = str(capture_size)
+    names = [n for n in BASE_CHECKS if n != "capture_size" or (size.isdigit() and int(size) > 0)]
+    return [{"check": name, "what": BASE_CHECKS[name], "why": why} for name in names]
 
 
 def service_swap_no_previous_unit(previous_unit_path: str, host: str) -> str:
@@ -209,6 +272,8 @@ class FilterModule:
             "service_swap_gpus_busy_problem": service_swap_gpus_busy_problem,
             "service_swap_budget_problem": service_swap_budget_problem,
             "service_swap_capture_size_problem": service_swap_capture_size_problem,
+            "service_swap_ddtree_base_problem": service_swap_ddtree_base_problem,
+            "service_swap_skipped_checks": service_swap_skipped_checks,
             "service_swap_no_previous_unit": service_swap_no_previous_unit,
             "service_swap_previous_exec_problem": service_swap_previous_exec_problem,
             "service_swap_previous_plan": service_swap_previous_plan,

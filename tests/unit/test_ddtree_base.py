@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.ddtree_base import BaseError, NoBaseError, load_rules, release_of, releases, rules
+from ansible.module_utils.ddtree_base import BaseError, NoBaseError, load_rules, release_of, releases, rules, rules_for
 
 GOOD = {
     "format": 1,
@@ -180,3 +180,20 @@ def test_no_base_names_the_ones_there_are(tmp_path: Path) -> None:
         load_rules(tmp_path, "2.0.0")
     with pytest.raises(BaseError, match=r"has 0 bases \(none\): name the vLLM release"):
         load_rules(tmp_path / "empty")
+
+
+def test_a_release_without_a_base_gets_no_rules_never_another_base_s(tmp_path: Path) -> None:
+    """rules_for answers which base's rules apply: the release's own, else none (one base or two beside it)."""
+    write(tmp_path, "1.2.3", GOOD)
+    assert rules_for(tmp_path, "2.0.0") is None
+    assert rules_for(tmp_path, "1.2.3+cu130").release == "1.2.3"
+    assert rules_for(tmp_path, None).release == "1.2.3"  # no release named: the sole base
+    write(tmp_path, "1.10.0", {**GOOD, "release": "1.10.0"})
+    assert rules_for(tmp_path, "2.0.0") is None
+    assert rules_for(tmp_path, "1.10.0").release == "1.10.0"
+    with pytest.raises(BaseError, match=r"has 2 bases \(1\.2\.3, 1\.10\.0\): name the vLLM release"):
+        rules_for(tmp_path, "")
+    write(tmp_path, "3.0.0", "{")  # a descriptor that is there but broken is an error, not "no base"
+    with pytest.raises(BaseError, match="is not valid JSON"):
+        rules_for(tmp_path, "3.0.0")
+    assert rules_for(None, "0.20.1").release == "0.20.1"

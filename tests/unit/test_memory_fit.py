@@ -323,6 +323,29 @@ def test_a_second_base_s_refusal_counts_the_state_slots_by_its_own_rule(tmp_path
     assert refuse.endswith("(16 slots of 3.4 MiB in each of 48 layers: one per verified token (15) and one more)")
 
 
+def test_a_release_without_a_base_gets_the_fit_of_weights_and_profile_only(tmp_path: Path, synthetic_base) -> None:
+    """0.22.0 has no base beside 9.9.9 and 9.10.0: the KV layout is neither's, so no request is counted (one H200
+    that 0.20.1's layout refuses for 32 requests passes), but weights and the profile run that leave nothing for
+    the KV cache are refused: 55.6 GB of target weights on one 48 GB GPU."""
+    synthetic_base(tmp_path, "9.9.9")
+    home = synthetic_base(tmp_path, "9.10.0")
+    one_h200 = {"gpus": [{"memory_total_mib": 143771}], "tensor_parallel_size": 1, "method": "dflash"}
+    assert run_filter(vllm_version="0.20.1", **one_h200)["refuse"].startswith("32 requests of max_model_len=32768")
+    result = run_filter(vllm_version="0.22.0", engine_home=home, **one_h200)
+    assert (result["refuse"], result["note"], result["max_num_seqs"]) == ("", "", 32)
+    assert (result["parts_gib"]["request"], result["parts_gib"]["recurrent_state"]) == (None, None)
+    assert result["parts_gib"]["weights_target"] == pytest.approx(51.78, abs=0.01)
+    assert run_filter(vllm_version="0.22.0", engine_home=home, lower=True, **one_h200)["max_num_seqs"] == 32
+    small = {**one_h200, "gpus": [{"memory_total_mib": 49140}]}
+    refuse = run_filter(vllm_version="0.22.0", engine_home=home, **small)["refuse"]
+    assert refuse.startswith(
+        "the weights and the profile run leave no memory for the KV cache on qwen-ct101, so vLLM would refuse to"
+        " start. Fix: raise the tensor parallel size or shared_settings_gpu_memory_utilization, or lower"
+        " service_swap_max_num_batched_tokens. How it adds up: per GPU 43.19 GiB for vLLM"
+    ), refuse
+    assert refuse.endswith("leaving 0.00 GiB for the KV cache"), refuse
+
+
 def test_a_base_the_fit_cannot_read_refuses_naming_it(tmp_path: Path, synthetic_base) -> None:
     home = synthetic_base(tmp_path, kv_layout={"block_tokens_multiple": 16})
     refuse = run_filter(vllm_version="9.9.9", engine_home=home)["refuse"]

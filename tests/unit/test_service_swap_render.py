@@ -323,13 +323,15 @@ def test_preflight_names_every_missing_file_after_valid_settings(dirs):
 
 
 def test_dflash_on_a_release_without_a_ddtree_base_passes_the_settings_rules(dirs):
-    # The scheduler rule comes from the deployed release's base (ddtree/vllm-<release>/base.json);
-    # DFlash needs none, so a release the engine has no base for falls back to the sole base's rules
-    # instead of failing on a filter error.
+    # The scheduler rule comes from the deployed release's base (ddtree/vllm-<release>/base.json); a
+    # release the engine has no base for gets no other release's rule: its check is not run, and the
+    # preflight says so, instead of failing on a filter error.
     res = preflight(
         dirs,
         "-e",
         "shared_settings_vllm_version=0.99.0",
+        "-e",
+        '{"service_swap_max_num_seqs": 1024, "service_swap_max_num_batched_tokens": 8192}',
         "-e",
         f"service_swap_vllm_executable={dirs['tmp']}/venv/bin/vllm",
         "-e",
@@ -340,7 +342,17 @@ def test_dflash_on_a_release_without_a_ddtree_base_passes_the_settings_rules(dir
     assert res.returncode == 2
     assert "Fix the inventory" not in res.stdout
     assert "no base for vLLM 0.99.0" not in res.stdout + res.stderr
+    assert "NOTE: not checked: service_swap_max_num_batched_tokens against the batched-token slots" in res.stdout
     assert f"Missing on localhost: {dirs['tmp']}/venv/bin/vllm" in res.stdout
+
+
+def test_ddtree_on_a_release_without_a_ddtree_base_is_refused(dirs):
+    res = preflight(dirs, "-e", '{"shared_settings_vllm_version": "0.99.0", "service_swap_spec_method": "ddtree"}')
+    assert res.returncode == 2
+    assert (
+        "service_swap_spec_method is ddtree, but this project's DDTree change set has no base for vLLM 0.99.0 (no"
+        " ddtree/vllm-0.99.0/base.json; bases: 0.20.1)" in " ".join(res.stdout.split())
+    ), res.stdout
 
 
 def test_preflight_refuses_an_api_key_unfit_for_an_environment_file(dirs):
@@ -428,9 +440,9 @@ def sparse_weights(directory: Path, values: int) -> None:
         f.truncate(8 + len(raw) + 2 * values)
 
 
-def test_preflight_refuses_a_ddtree_budget_whose_tree_state_cannot_fit(dirs):
-    """Qwen3.6-27B on 2x RTX A6000: 256 state slots per Gated DeltaNet layer and request do not fit beside the
-    weights (the memory fit, tests/unit/test_memory_fit.py); a budget of 15 does, for one request."""
+def qwen_pair(dirs) -> list[str]:
+    """The stand-in Qwen3.6-27B target and its drafter with weights of their real sizes (sparse), a vLLM
+    executable, and the arguments naming them."""
     target = dirs["tmp"] / "qwen36"
     target.mkdir()
     (target / "config.json").write_text(json.dumps(fake("target_model").config()))
@@ -453,13 +465,21 @@ def test_preflight_refuses_a_ddtree_budget_whose_tree_state_cannot_fit(dirs):
         )
     )
     sparse_weights(dirs["drafter"], 1_730_000_000)
-    args = [
+    return [
         "-e",
         f"service_swap_vllm_executable={dirs['tmp']}/venv/bin/vllm",
         "-e",
         f"shared_settings_target_dir={target}",
         "-e",
         f"shared_settings_drafter_dir={dirs['drafter']}",
+    ]
+
+
+def test_preflight_refuses_a_ddtree_budget_whose_tree_state_cannot_fit(dirs):
+    """Qwen3.6-27B on 2x RTX A6000: 256 state slots per Gated DeltaNet layer and request do not fit beside the
+    weights (the memory fit, tests/unit/test_memory_fit.py); a budget of 15 does, for one request."""
+    args = [
+        *qwen_pair(dirs),
         "-e",
         '{"service_swap_spec_method": "ddtree", "shared_settings_ddtree_budget": 255, "service_swap_max_num_seqs": 1,'
         ' "service_swap_tensor_parallel_size": 2, "gpu_check_facts": {"gpus": [{"memory_total_mib": 49140},'
@@ -476,6 +496,60 @@ def test_preflight_refuses_a_ddtree_budget_whose_tree_state_cannot_fit(dirs):
     res = preflight(dirs, *args)
     assert "requests of max_model_len" not in res.stdout, res.stdout
     assert "Read the SGLang unit the swap may have to restore" in res.stdout
+
+
+def test_a_release_without_a_base_beside_two_bases_passes_the_preflight_and_names_what_it_skipped(dirs, synthetic_base):
+    """vLLM 0.22.0 with the DFlash chain, in an engine home with two bases (9.9.9 and 9.10.0) and none for it: limits
+    either base (and 0.20.1) would refuse pass (draft slots, a capture cap of 8, 1,024 requests of 32,768 tokens
+    on one H200), the preflight runs through to reading the SGLang unit, and service_swap_result names the skipped
+    checks."""
+    synthetic_base(dirs["tmp"] / "engine", "9.9.9")
+    home = synthetic_base(dirs["tmp"] / "engine", "9.10.0")
+    play = dirs["tmp"] / "caller.yml"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - block:\n"
+        "        - ansible.builtin.include_role: {name: service_swap}\n"
+        "      rescue:\n"
+        "        - ansible.builtin.copy:\n"
+        f"            dest: {dirs['tmp']}/result.json\n"
+        "            content: '{{ service_swap_result | to_json }}'\n"
+    )
+    settings = {
+        "_service_swap_engine": str(home),
+        "shared_settings_vllm_version": "0.22.0",
+        "service_swap_max_num_seqs": 1024,
+        "service_swap_max_num_batched_tokens": 8192,
+        "service_swap_max_cudagraph_capture_size": 8,
+        "gpu_check_facts": {"gpus": [{"memory_total_mib": 143771}]},
+    }
+    pair = qwen_pair(dirs)
+    res = ansible(dirs["tmp"], str(play), *pair, "-e", json.dumps(settings))
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = " ".join(res.stdout.split())
+    why = (
+        "vLLM 0.22.0 has no base descriptor in ddtree/: its scheduler/CUDA-graph/KV rules are not known here; vLLM"
+        " checks them at start, and the health gate rolls back if it refuses"
+    )
+    assert "NOTE: not checked: service_swap_max_num_batched_tokens against the batched-token slots vLLM reserves" in out
+    assert f"Why: {why}." in out
+    result = json.loads((dirs["tmp"] / "result.json").read_text())
+    assert result["status"] == "refused"
+    # Every check of the preflight passed: it stopped at the first task after the memory fit, reading the SGLang
+    # unit (this machine runs no systemd).
+    assert result["failed_task"] == "Read the SGLang unit the swap may have to restore", result
+    assert [(s["check"], s["why"]) for s in result["skipped_checks"]] == [
+        ("draft_slots", why),
+        ("capture_size", why),
+        ("memory_fit_kv_cache", why),
+    ]
+    # The same settings on 0.20.1, the repository's base, are refused by its rules.
+    settings.update({"_service_swap_engine": str(REPO / "ddtree"), "shared_settings_vllm_version": "0.20.1"})
+    res = ansible(dirs["tmp"], str(play), *pair, "-e", json.dumps(settings))
+    result = json.loads((dirs["tmp"] / "result.json").read_text())
+    assert result["failed_task"] == "Check the swap's settings", result
+    assert "reserves 14 batched-token slots per sequence" in result["reason"], result
+    assert "skipped_checks" not in result
 
 
 def test_ddtree_gets_a_graph_for_every_uniform_batch_and_an_explicit_cap_is_passed_as_given(dirs):

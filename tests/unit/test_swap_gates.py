@@ -8,6 +8,7 @@ from swap_gates import (
     service_swap_acceptance_problem,
     service_swap_budget_problem,
     service_swap_capture_size_problem,
+    service_swap_ddtree_base_problem,
     service_swap_device_problem,
     service_swap_draft_slots_problem,
     service_swap_gpus_busy_problem,
@@ -15,6 +16,7 @@ from swap_gates import (
     service_swap_no_previous_unit,
     service_swap_previous_exec_problem,
     service_swap_previous_plan,
+    service_swap_skipped_checks,
 )
 
 EXE = {"path": "/opt/vllm/0.20.1/bin/vllm", "executable": True, "what": "vllm executable: run vllm_install"}
@@ -88,15 +90,84 @@ def test_unreadable_gpus_say_why() -> None:
 
 def test_draft_slots_vllm_would_refuse() -> None:
     # vLLM 0.20.1's serve defaults on a 70 GB GPU with a 15-token chain: 1024 x 14 > 8192 (the slots
-    # come from the base's rule, ddtree_draft_slots: verified tokens - 1 per sequence).
-    assert service_swap_draft_slots_problem(1024, 1024 * 14, 8192, "dflash") == (
+    # come from the base's rule: verified tokens - 1 per sequence).
+    assert service_swap_draft_slots_problem(1024, 15, 8192, "dflash", "0.20.1") == (
         'vLLM would refuse to start ("max_num_scheduled_tokens ... does not allow any tokens to be scheduled"): it'
         " reserves 14 batched-token slots per sequence for dflash drafting, so service_swap_max_num_seqs (1024) x 14"
         " = 14336 must stay below service_swap_max_num_batched_tokens (8192). Raise service_swap_max_num_batched_tokens"
         " above 14336, or lower service_swap_max_num_seqs, num_speculative_tokens or the DDTree budget."
     )
-    assert service_swap_draft_slots_problem(32, 32 * 14, 16384, "dflash") == ""
-    assert service_swap_draft_slots_problem(32, 32 * 512, 16384, "ddtree") != ""  # 16384: not below
+    assert service_swap_draft_slots_problem(1024, 15, 8192, "dflash") == service_swap_draft_slots_problem(
+        1024, 15, 8192, "dflash", "0.20.1+cu130"
+    )
+    assert service_swap_draft_slots_problem(32, 15, 16384, "dflash", "0.20.1") == ""
+    assert service_swap_draft_slots_problem(32, 513, 16384, "ddtree", "0.20.1") != ""  # 32 x 512 = 16384: not below
+    assert service_swap_draft_slots_problem(32, 512, 16384, "ddtree", "0.20.1") == ""
+
+
+def two_bases(tmp_path: Path, synthetic_base) -> Path:
+    """An engine home with two bases (9.9.9 and 9.10.0, neither 0.20.1's rules) and none for 0.22.0."""
+    synthetic_base(tmp_path, "9.9.9")
+    return synthetic_base(tmp_path, "9.10.0")
+
+
+def test_a_release_without_a_base_gets_no_other_base_s_draft_slot_or_capture_rule(
+    tmp_path: Path, synthetic_base
+) -> None:
+    """0.22.0 has no base here: limits each base would refuse pass (vLLM checks them at start); a base's own
+    release keeps its rule (the synthetic base reserves as many slots as verified tokens)."""
+    home = two_bases(tmp_path, synthetic_base)
+    assert service_swap_draft_slots_problem(1024, 15, 8192, "dflash", "0.22.0", home) == ""
+    assert "reserves 15 batched-token slots per sequence" in service_swap_draft_slots_problem(
+        1024, 15, 8192, "dflash", "9.10.0", home
+    )
+    assert service_swap_draft_slots_problem(1024, 15, 8192, "dflash", "0.22.0") == ""  # the repository's one base
+    assert service_swap_capture_size_problem(8, 15, "0.22.0", home) == ""
+    assert service_swap_capture_size_problem(8, 15, "0.22.0") == ""
+    assert "vLLM 9.9.9 cuts it down" in service_swap_capture_size_problem(8, 15, "9.9.9", home)
+
+
+def test_the_checks_a_release_without_a_base_skips_are_named_with_why(tmp_path: Path, synthetic_base) -> None:
+    home = two_bases(tmp_path, synthetic_base)
+    why = (
+        "vLLM 0.22.0 has no base descriptor in ddtree/: its scheduler/CUDA-graph/KV rules are not known here; vLLM"
+        " checks them at start, and the health gate rolls back if it refuses"
+    )
+    skipped = service_swap_skipped_checks("0.22.0+cu130", 512, home)
+    assert [(s["check"], s["why"]) for s in skipped] == [
+        ("draft_slots", why),
+        ("capture_size", why),
+        ("memory_fit_kv_cache", why),
+    ]
+    assert skipped[2]["what"] == (
+        "how many requests of service_swap_max_model_len the KV cache holds (its layout); the weights and the profile"
+        " run's peak are still checked against the GPU's memory"
+    )
+    # auto and 0 give the capture-size check nothing to check: it is not listed.
+    for size in ("auto", 0, "0"):
+        assert [s["check"] for s in service_swap_skipped_checks("0.22.0", size, home)] == [
+            "draft_slots",
+            "memory_fit_kv_cache",
+        ]
+    assert service_swap_skipped_checks("9.10.0", 512, home) == []
+    assert service_swap_skipped_checks("0.20.1", 512) == []
+    # A descriptor that is there but broken is no "no base": the checks themselves refuse, naming it.
+    (home / "vllm-0.22.0").mkdir()
+    (home / "vllm-0.22.0" / "base.json").write_text("{")
+    assert service_swap_skipped_checks("0.22.0", 512, home) == []
+
+
+def test_ddtree_on_a_release_without_a_base_is_refused(tmp_path: Path, synthetic_base) -> None:
+    home = two_bases(tmp_path, synthetic_base)
+    assert service_swap_ddtree_base_problem("ddtree", "0.22.0", home) == (
+        "service_swap_spec_method is ddtree, but this project's DDTree change set has no base for vLLM 0.22.0 (no"
+        " ddtree/vllm-0.22.0/base.json; bases: 9.9.9, 9.10.0), so ddtree_patch cannot patch it and vLLM there"
+        " verifies no trees. Use dflash on this release, or set shared_settings_vllm_version to a release with a"
+        " base."
+    )
+    assert service_swap_ddtree_base_problem("dflash", "0.22.0", home) == ""
+    assert service_swap_ddtree_base_problem("ddtree", "9.9.9", home) == ""
+    assert service_swap_ddtree_base_problem("ddtree", "0.20.1+cu130") == ""
 
 
 def test_a_ddtree_budget_below_the_depth_is_named_by_where_it_came_from() -> None:
