@@ -322,11 +322,26 @@ def chroot(rootfs: Path, *cmd: str) -> None:
     run("chroot", str(rootfs), *cmd, capture=True)
 
 
-def copy_engine_rules(fakes: Path) -> None:
-    """Put the DDTree bases' descriptors and their reader beside the stand-in, which reads its vLLM rules there.
+def lab_vllm_release() -> str:
+    """The vLLM release the lab deploys: shared_settings_vllm_version, the lab inventory's over the role default."""
+    import yaml  # the lab venv has it (ansible-core's dependency)
+
+    found = ""
+    for path in [
+        REPO / "roles/shared_settings/defaults/main.yml",
+        *sorted((REPO / "inventory/lab/group_vars/all").glob("*.yml")),
+    ]:
+        found = str((yaml.safe_load(path.read_text()) or {}).get("shared_settings_vllm_version", found))
+    return found
+
+
+def copy_engine_rules(fakes: Path, release: str | None = None, home: Path | None = None) -> None:
+    """Put the DDTree base's descriptor and its reader beside the stand-in, which reads its vLLM rules there.
 
     ``fakes/ddtree_base.py`` (module_utils/ddtree_base.py) and ``fakes/ddtree/vllm-<release>/base.json``
-    for every base: the stand-in reserves draft slots by the descriptor's scheduler rule, not one of its own.
+    for the release the lab deploys (lab_vllm_release) when it has a base, so a second base in the engine
+    changes nothing here; else every base (the stand-in plays the sole one, or refuses naming them). The
+    stand-in reserves draft slots by the descriptor's scheduler rule, not one of its own.
     """
     reader = REPO / "module_utils" / "ddtree_base.py"
     spec = importlib.util.spec_from_file_location("labctl_ddtree_base", reader)
@@ -334,11 +349,13 @@ def copy_engine_rules(fakes: Path) -> None:
     sys.modules[spec.name] = base  # its dataclasses look their module up there
     spec.loader.exec_module(base)
     shutil.copy2(reader, fakes / "ddtree_base.py")
-    home = REPO / "ddtree"
-    for release in base.releases(home):
-        dest = base.descriptor_path(fakes / "ddtree", release)
+    home = REPO / "ddtree" if home is None else home
+    every = base.releases(home)
+    deployed = base.release_of(release if release is not None else lab_vllm_release())
+    for one in [deployed] if deployed in every else every:
+        dest = base.descriptor_path(fakes / "ddtree", one)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(base.descriptor_path(home, release), dest)
+        shutil.copy2(base.descriptor_path(home, one), dest)
 
 
 SGLANG_UNIT = f"""[Unit]

@@ -342,12 +342,35 @@ def _set_draft_rule(fakes: Path, plus: int) -> None:
     descriptor.write_text(json.dumps(data))
 
 
-def test_labctl_gives_the_node_every_base_and_the_reader(tmp_path):
+def test_labctl_gives_the_node_the_deployed_base_and_the_reader(tmp_path):
     fakes = _node_fakes(tmp_path)
     assert (fakes / "ddtree_base.py").read_bytes() == (REPO / "module_utils" / "ddtree_base.py").read_bytes()
     copied = sorted(p.relative_to(fakes / "ddtree").as_posix() for p in (fakes / "ddtree").rglob("*") if p.is_file())
     assert copied == ["vllm-0.20.1/base.json"]
     assert (fakes / "ddtree/vllm-0.20.1/base.json").read_bytes() == (REPO / "ddtree/vllm-0.20.1/base.json").read_bytes()
+
+
+def test_a_second_base_leaves_the_lab_node_with_the_deployed_release_s_base(tmp_path):
+    """The lab deploys shared_settings_vllm_version; an engine with a second base gives its node that one only,
+    so the stand-in still plays one release; a release without a base gets every base (the stand-in refuses
+    then, naming them)."""
+    labctl = repo_file("tests/lab/labctl.py")
+    assert labctl.lab_vllm_release() == "0.20.1"  # the role default; the lab inventory does not override it
+    home = tmp_path / "ddtree"
+    for release in ("0.20.1", "0.26.0"):
+        (home / f"vllm-{release}").mkdir(parents=True)
+        data = json.loads((REPO / "ddtree/vllm-0.20.1/base.json").read_text())
+        (home / f"vllm-{release}/base.json").write_text(json.dumps(dict(data, release=release)))
+
+    def copied(release: str) -> list[str]:
+        fakes = tmp_path / release / "opt" / "lab-fakes"
+        fakes.mkdir(parents=True)
+        labctl.copy_engine_rules(fakes, release, home)
+        return sorted(p.parent.name for p in (fakes / "ddtree").glob("vllm-*/base.json"))
+
+    assert copied("0.26.0") == ["vllm-0.26.0"]
+    assert copied("0.20.1+cu130") == ["vllm-0.20.1"]
+    assert copied("0.22.0") == ["vllm-0.20.1", "vllm-0.26.0"]
 
 
 def test_on_a_node_the_stand_in_reserves_draft_slots_by_the_copied_descriptor(tmp_path, target, drafter):
