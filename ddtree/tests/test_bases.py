@@ -47,9 +47,11 @@ def test_the_rules_read_and_are_the_ones_service_swap_renders(release: str) -> N
     rules = bases.rules(release)
     assert rules.release == release
     method = repo.repo_file("plugins/filter/ddtree_method.py")
-    assert method.draft_slots(4, 16, vllm_version=release) == 4 * rules.draft_slots(16)
     q = rules.graph_tokens(16)
     assert method.ddtree_cudagraph_sizes(3, 16, 8192, vllm_version=release) == [q, 2 * q, 3 * q]
+    # The batched tokens left after 4 sequences' draft slots hold 2 requests' graphs, not 3.
+    tokens = 4 * rules.draft_slots(16) + 3 * q - 1
+    assert method.ddtree_cudagraph_sizes(4, 16, tokens, vllm_version=release) == [q, 2 * q]
 
 
 def test_the_0_20_1_rules_are_what_vllm_0_20_1_does() -> None:
