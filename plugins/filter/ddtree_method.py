@@ -109,15 +109,6 @@ def ddtree_fallback_reason(config: Mapping[str, Any], vllm_version: str, engine_
     return ""
 
 
-def draft_slots(
-    max_num_seqs: Any, verify_tokens: Any, vllm_version: str | None = None, engine_home: str | Path | None = None
-) -> int:
-    """Batched-token slots the base's scheduler reserves for drafting (vLLM 0.20.1: verify_tokens - 1 per
-    sequence). vLLM refuses to start unless max_num_batched_tokens exceeds them (service_swap's
-    preflight says so first), and they bound how many requests one verification step holds."""
-    return int(max_num_seqs) * base_rules(vllm_version, engine_home).draft_slots(int(verify_tokens))
-
-
 def ddtree_cudagraph_sizes(
     max_num_seqs: int,
     verify_tokens: int,
@@ -166,6 +157,5 @@ class FilterModule:
             "ddtree_target_layer_problem": target_layer_problem,
             "ddtree_target_is_hybrid": target_is_hybrid,
             "ddtree_cudagraph_sizes": ddtree_cudagraph_sizes,
-            "ddtree_draft_slots": draft_slots,
             "ddtree_bases": ddtree_bases,
         }

@@ -15,7 +15,6 @@ from ddtree_method import (
     ddtree_bases,
     ddtree_cudagraph_sizes,
     ddtree_fallback_reason,
-    draft_slots,
 )
 from safetensors_files import fake
 from swap_gates import service_swap_capture_size_problem
@@ -248,12 +247,6 @@ def test_huge_settings_are_refused_before_any_list_is_built() -> None:
         ddtree_cudagraph_sizes(10**9, 64, 10**12)
 
 
-def test_draft_slots_are_the_verified_tokens_less_one_per_sequence() -> None:
-    assert draft_slots(32, 64) == 2016
-    assert draft_slots("8", "15") == 112  # inventory values arrive as text too
-    assert draft_slots(4, 1) == 0
-
-
 # --- The rules come from the base's descriptor: a second base needs no code ----------------------
 
 
@@ -272,20 +265,24 @@ def test_a_second_base_drives_every_rule_without_code_changes(tmp_path: Path, sy
         "the target has Mamba layers (mamba): trees need branch-local state, which this project's change set "
         "for vLLM 9.9.9 gives only to Gated DeltaNet and Mamba layers, so the DFlash chain runs"
     )
-    # 64 draft slots per sequence at budget 64; 66 tokens per request; 4 graphs at most.
-    assert draft_slots(32, 64, vllm_version="9.9.9", engine_home=home) == 2048
+    # 66 tokens per request; 4 graphs at most.
     assert ddtree_cudagraph_sizes(3, 64, 8192, vllm_version="9.9.9", engine_home=home) == [66, 132, 198]
+    # 64 draft slots per sequence at budget 64: 3 x 64 leave 131 of 323 tokens, one request's graph (0.20.1's
+    # 63 per sequence would leave two).
+    assert ddtree_cudagraph_sizes(3, 64, 323, vllm_version="9.9.9", engine_home=home) == [66]
     with pytest.raises(ValueError, match=r"would need 5 CUDA graphs \(more than 4\)"):
         ddtree_cudagraph_sizes(5, 64, 8192, vllm_version="9.9.9", engine_home=home)
 
 
 def test_the_sole_base_applies_where_no_release_is_named_and_two_need_one(tmp_path: Path, synthetic_base) -> None:
     home = synthetic_base(tmp_path)
-    assert draft_slots(2, 10, engine_home=home) == 20
+    # 43 tokens, budget 10 (12 per request): 2 x 10 draft slots leave one request's graph.
+    assert ddtree_cudagraph_sizes(2, 10, 43, engine_home=home) == [12]
     synthetic_base(tmp_path, "9.10.0", scheduler={"draft_slots_per_sequence": {"verified_tokens_plus": -1}})
-    assert draft_slots(2, 10, vllm_version="9.10.0", engine_home=home) == 18
+    # 9.10.0's 2 x 9 leave two.
+    assert ddtree_cudagraph_sizes(2, 10, 43, vllm_version="9.10.0", engine_home=home) == [12, 24]
     with pytest.raises(ValueError, match=r"has 2 bases \(9\.9\.9, 9\.10\.0\): name the vLLM release"):
-        draft_slots(2, 10, engine_home=home)
+        ddtree_cudagraph_sizes(2, 10, 43, engine_home=home)
 
 
 def test_a_release_without_a_base_runs_the_chain_and_says_which_bases_exist(tmp_path: Path, synthetic_base) -> None:
@@ -294,7 +291,7 @@ def test_a_release_without_a_base_runs_the_chain_and_says_which_bases_exist(tmp_
         "this project's DDTree change set has no base for vLLM 0.22.0 (it has: 9.9.9), so the DFlash chain runs"
     )
     with pytest.raises(ValueError, match=r"no base for vLLM 0\.22\.0 .*bases: 9\.9\.9\); pick a release"):
-        draft_slots(2, 10, vllm_version="0.22.0", engine_home=home)
+        ddtree_cudagraph_sizes(2, 10, 43, vllm_version="0.22.0", engine_home=home)
 
 
 def test_the_repository_base_is_the_default() -> None:

@@ -105,6 +105,19 @@ def test_draft_slots_vllm_would_refuse() -> None:
     assert service_swap_draft_slots_problem(32, 512, 16384, "ddtree", "0.20.1") == ""
 
 
+def test_draft_slots_are_the_base_s_per_sequence_rule(tmp_path: Path, synthetic_base) -> None:
+    # 0.20.1: the verified tokens less one per sequence; inventory values arrive as text too.
+    assert "(32) x 63 = 2016 must stay below" in service_swap_draft_slots_problem(32, 64, 2016, "ddtree", "0.20.1")
+    assert service_swap_draft_slots_problem(32, 64, 2017, "ddtree", "0.20.1") == ""
+    assert "(8) x 14 = 112 must stay below" in service_swap_draft_slots_problem("8", "15", "112", "dflash", "0.20.1")
+    assert service_swap_draft_slots_problem("8", "15", "113", "dflash", "0.20.1") == ""
+    assert service_swap_draft_slots_problem(4, 1, 1, "ddtree", "0.20.1") == ""  # no slots at all
+    # The synthetic base reserves as many as it verifies: 64 per sequence at budget 64.
+    home = synthetic_base(tmp_path)
+    assert "(32) x 64 = 2048 must stay below" in service_swap_draft_slots_problem(32, 64, 2048, "ddtree", "9.9.9", home)
+    assert service_swap_draft_slots_problem(32, 64, 2049, "ddtree", "9.9.9", home) == ""
+
+
 def two_bases(tmp_path: Path, synthetic_base) -> Path:
     """An engine home with two bases (9.9.9 and 9.10.0, neither 0.20.1's rules) and none for 0.22.0."""
     synthetic_base(tmp_path, "9.9.9")
