@@ -48,21 +48,38 @@ def dirs(tmp_path: Path) -> dict[str, Path]:
     return {"hybrid": hybrid, "dense": dense, "drafter": tmp_path / "drafter", "tmp": tmp_path}
 
 
-def render(dirs: dict[str, Path], target: str, *extra: str) -> list[str]:
-    dest = dirs["tmp"] / "vllm.service"
-    res = ansible(
-        dirs["tmp"],
-        "tests/gpu/render_unit.yml",
+def local_play(dirs: dict[str, Path], name: str, tasks: str) -> str:
+    """A play against localhost, without facts, running ``tasks`` (YAML lines indented under ``tasks:``),
+    written to the test's folder as ``name``; its path."""
+    play = dirs["tmp"] / name
+    play.write_text("- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n" + tasks)
+    return str(play)
+
+
+def unit_args(dirs: dict[str, Path], target: str) -> list[str]:
+    """The vLLM executable, the target (``dirs[target]``) and the drafter a unit is rendered with."""
+    return [
         "-e",
         "service_swap_vllm_executable=/opt/vllm/0.20.1/bin/vllm",
         "-e",
         f"shared_settings_target_dir={dirs[target]}",
         "-e",
         "shared_settings_drafter_dir=/opt/models/drafter",
-        "-e",
-        f"render_dest={dest}",
-        *extra,
+    ]
+
+
+def render_unit(dirs: dict[str, Path], target: str, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """tests/gpu/render_unit.yml on ``target``: the run, and the unit file it writes (if it does)."""
+    dest = dirs["tmp"] / "vllm.service"
+    res = ansible(
+        dirs["tmp"], "tests/gpu/render_unit.yml", *unit_args(dirs, target), "-e", f"render_dest={dest}", *extra
     )
+    return res, dest
+
+
+def render(dirs: dict[str, Path], target: str, *extra: str) -> list[str]:
+    """The unit's ExecStart lines, rendered on ``target``."""
+    res, dest = render_unit(dirs, target, *extra)
     assert res.returncode == 0, res.stdout + res.stderr
     text = dest.read_text()
     start = text.index("ExecStart=")
@@ -74,12 +91,35 @@ def render(dirs: dict[str, Path], target: str, *extra: str) -> list[str]:
 
 def preflight(dirs: dict[str, Path], *extra: str) -> subprocess.CompletedProcess:
     """Only the role's preflight tasks, against localhost."""
-    play = dirs["tmp"] / "preflight.yml"
-    play.write_text(
-        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
-        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: preflight.yml}\n"
+    play = local_play(
+        dirs, "preflight.yml", "    - ansible.builtin.include_role: {name: service_swap, tasks_from: preflight.yml}\n"
     )
-    return ansible(dirs["tmp"], str(play), *extra)
+    return ansible(dirs["tmp"], play, *extra)
+
+
+def caller(dirs: dict[str, Path], *extra: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """The role's main entry point run as roles/tune runs it, in a block whose rescue keeps what the caller sees:
+    the run, and ``{"result": service_swap_result, "msg": the failure's message}`` (None where no rescue ran)."""
+    kept = dirs["tmp"] / "result.json"
+    kept.unlink(missing_ok=True)
+    play = local_play(
+        dirs,
+        "caller.yml",
+        "    - block:\n"
+        "        - ansible.builtin.include_role: {name: service_swap}\n"
+        "      rescue:\n"
+        "        - ansible.builtin.copy:\n"
+        f"            dest: {kept}\n"
+        '            content: \'{{ {"result": service_swap_result, "msg": ansible_failed_result.msg} | to_json }}\'\n',
+    )
+    res = ansible(dirs["tmp"], play, *extra)
+    return res, json.loads(kept.read_text()) if kept.exists() else None
+
+
+def service_section(dirs: dict[str, Path]) -> list[str]:
+    """The [Service] lines of the unit render() wrote last."""
+    text = (dirs["tmp"] / "vllm.service").read_text()
+    return text[text.index("[Service]") : text.index("[Install]")].splitlines()
 
 
 def test_hybrid_target_dflash(dirs):
@@ -128,8 +168,7 @@ def test_the_unit_runs_vllm_without_capabilities_or_kernel_access(dirs):
     """The hardening lines around the filter, as the template writes them (issue 23); Molecule
     checks systemd applies them, the GPU serve check that vLLM starts under the filter."""
     render(dirs, "dense")
-    text = (dirs["tmp"] / "vllm.service").read_text()
-    service = text[text.index("[Service]") : text.index("[Install]")].splitlines()
+    service = service_section(dirs)
     for line in [
         "User=vllm",
         "Group=vllm",
@@ -232,36 +271,26 @@ def test_the_unit_runs_as_the_service_account_s_own_group(dirs):
     """Group= is shared_settings_service_group, the account's primary group (vllm_account creates it
     so), not a group named after the user (issue 44)."""
     render(dirs, "dense", "-e", "shared_settings_service_user=llm", "-e", "shared_settings_service_group=gpu-serve")
-    text = (dirs["tmp"] / "vllm.service").read_text()
-    service = text[text.index("[Service]") : text.index("[Install]")].splitlines()
+    service = service_section(dirs)
     assert [ln for ln in service if ln.startswith(("User=", "Group="))] == ["User=llm", "Group=gpu-serve"]
 
 
 def test_a_candidate_s_method_and_budget_come_before_the_recorded_winner(dirs):
     # roles/tune starts each candidate with include_role vars while tune_result (a fact) holds the
     # winner recorded before: the candidate's own method and budget must be what is rendered.
-    play = dirs["tmp"] / "candidate.yml"
     dest = dirs["tmp"] / "candidate.service"
-    play.write_text(
-        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+    play = local_play(
+        dirs,
+        "candidate.yml",
         "    - ansible.builtin.set_fact:\n"
         "        tune_result: {winner: ddtree-32, method: ddtree, budget: 32}\n"
         "    - ansible.builtin.include_role: {name: service_swap, tasks_from: render.yml}\n"
         "      vars:\n"
         f"        service_swap_render_dest: {dest}\n"
         "        service_swap_spec_method: ddtree\n"
-        "        service_swap_spec_budget: 48\n"
+        "        service_swap_spec_budget: 48\n",
     )
-    res = ansible(
-        dirs["tmp"],
-        str(play),
-        "-e",
-        "service_swap_vllm_executable=/opt/vllm/0.20.1/bin/vllm",
-        "-e",
-        f"shared_settings_target_dir={dirs['hybrid']}",
-        "-e",
-        "shared_settings_drafter_dir=/opt/models/drafter",
-    )
+    res = ansible(dirs["tmp"], play, *unit_args(dirs, "hybrid"))
     assert res.returncode == 0, res.stdout + res.stderr
     assert (
         '--speculative-config \'{"method":"ddtree","model":"/opt/models/drafter","num_speculative_tokens":15,'
@@ -393,19 +422,7 @@ def test_preflight_refuses_an_api_key_unfit_for_an_environment_file(dirs):
 )
 def test_a_value_that_would_inject_unit_directives_is_refused_before_rendering(dirs, extra, message):
     """Issue 23, item 7: a newline in one of these values used to inject real ExecStartPre= lines."""
-    dest = dirs["tmp"] / "vllm.service"
-    res = ansible(
-        dirs["tmp"],
-        "tests/gpu/render_unit.yml",
-        "-e",
-        "service_swap_vllm_executable=/opt/vllm/0.20.1/bin/vllm",
-        "-e",
-        f"shared_settings_target_dir={dirs['dense']}",
-        "-e",
-        f"render_dest={dest}",
-        "-e",
-        extra,
-    )
+    res, dest = render_unit(dirs, "dense", "-e", extra)
     assert res.returncode == 2, res.stdout + res.stderr
     assert message in res.stdout
     assert "Nothing was written." in res.stdout
@@ -413,12 +430,10 @@ def test_a_value_that_would_inject_unit_directives_is_refused_before_rendering(d
 
 
 def _open_api(dirs: dict[str, Path], *extra: str) -> subprocess.CompletedProcess:
-    play = dirs["tmp"] / "open_api.yml"
-    play.write_text(
-        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
-        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: open_api.yml}\n"
+    play = local_play(
+        dirs, "open_api.yml", "    - ansible.builtin.include_role: {name: service_swap, tasks_from: open_api.yml}\n"
     )
-    return ansible(dirs["tmp"], str(play), *extra)
+    return ansible(dirs["tmp"], play, *extra)
 
 
 def test_an_empty_key_on_a_network_address_is_refused_unless_allowed(dirs):
@@ -505,16 +520,6 @@ def test_a_release_without_a_base_beside_two_bases_passes_the_preflight_and_name
     checks."""
     synthetic_base(dirs["tmp"] / "engine", "9.9.9")
     home = synthetic_base(dirs["tmp"] / "engine", "9.10.0")
-    play = dirs["tmp"] / "caller.yml"
-    play.write_text(
-        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
-        "    - block:\n"
-        "        - ansible.builtin.include_role: {name: service_swap}\n"
-        "      rescue:\n"
-        "        - ansible.builtin.copy:\n"
-        f"            dest: {dirs['tmp']}/result.json\n"
-        "            content: '{{ service_swap_result | to_json }}'\n"
-    )
     settings = {
         "_service_swap_engine": str(home),
         "shared_settings_vllm_version": "0.22.0",
@@ -524,8 +529,8 @@ def test_a_release_without_a_base_beside_two_bases_passes_the_preflight_and_name
         "gpu_check_facts": {"gpus": [{"memory_total_mib": 143771}]},
     }
     pair = qwen_pair(dirs)
-    res = ansible(dirs["tmp"], str(play), *pair, "-e", json.dumps(settings))
-    assert res.returncode == 0, res.stdout + res.stderr
+    res, kept = caller(dirs, *pair, "-e", json.dumps(settings))
+    assert res.returncode == 0 and kept, res.stdout + res.stderr
     out = " ".join(res.stdout.split())
     why = (
         "vLLM 0.22.0 has no base descriptor in ddtree/: its scheduler/CUDA-graph/KV rules are not known here; vLLM"
@@ -533,7 +538,7 @@ def test_a_release_without_a_base_beside_two_bases_passes_the_preflight_and_name
     )
     assert "NOTE: not checked: service_swap_max_num_batched_tokens against the batched-token slots vLLM reserves" in out
     assert f"Why: {why}." in out
-    result = json.loads((dirs["tmp"] / "result.json").read_text())
+    result = kept["result"]
     assert result["status"] == "refused"
     # Every check of the preflight passed: it stopped at the first task after the memory fit, reading the SGLang
     # unit (this machine runs no systemd).
@@ -545,8 +550,9 @@ def test_a_release_without_a_base_beside_two_bases_passes_the_preflight_and_name
     ]
     # The same settings on 0.20.1, the repository's base, are refused by its rules.
     settings.update({"_service_swap_engine": str(REPO / "ddtree"), "shared_settings_vllm_version": "0.20.1"})
-    res = ansible(dirs["tmp"], str(play), *pair, "-e", json.dumps(settings))
-    result = json.loads((dirs["tmp"] / "result.json").read_text())
+    res, kept = caller(dirs, *pair, "-e", json.dumps(settings))
+    assert kept, res.stdout + res.stderr
+    result = kept["result"]
     assert result["failed_task"] == "Check the swap's settings", result
     assert "reserves 14 batched-token slots per sequence" in result["reason"], result
     assert "skipped_checks" not in result
@@ -622,19 +628,7 @@ def test_preflight_refuses_a_cuda_graph_cap_below_one_request_s_tokens(dirs):
 def test_render_unit_validates_the_role_s_argument_spec_so_a_number_cannot_inject_a_line(dirs, extra, message):
     """Issue 43, LOW: tests/gpu/render_unit.yml (tasks_from: render.yml) skipped the role's argument spec,
     so a number given as text with a newline rendered an ExecStartPre= line of its own."""
-    dest = dirs["tmp"] / "vllm.service"
-    res = ansible(
-        dirs["tmp"],
-        "tests/gpu/render_unit.yml",
-        "-e",
-        "service_swap_vllm_executable=/opt/vllm/0.20.1/bin/vllm",
-        "-e",
-        f"shared_settings_target_dir={dirs['dense']}",
-        "-e",
-        f"render_dest={dest}",
-        "-e",
-        extra,
-    )
+    res, dest = render_unit(dirs, "dense", "-e", extra)
     assert res.returncode == 2, res.stdout + res.stderr
     assert message in res.stdout
     assert not dest.exists()
@@ -644,19 +638,8 @@ def test_a_refusal_is_declared_in_service_swap_result_for_the_caller(dirs):
     """The main entry point, stopped by its preflight, leaves service_swap_result (status refused,
     the task, the reason) and fails the host with one line pointing at it: roles/tune reads the result,
     never the message (issue 44)."""
-    play = dirs["tmp"] / "caller.yml"
-    play.write_text(
-        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
-        "    - block:\n"
-        "        - ansible.builtin.include_role: {name: service_swap}\n"
-        "      rescue:\n"
-        "        - ansible.builtin.copy:\n"
-        f"            dest: {dirs['tmp']}/result.json\n"
-        '            content: \'{{ {"result": service_swap_result, "msg": ansible_failed_result.msg} | to_json }}\'\n'
-    )
-    res = ansible(dirs["tmp"], str(play), "-e", "service_swap_max_num_seqs=0")
-    assert res.returncode == 0, res.stdout + res.stderr
-    out = json.loads((dirs["tmp"] / "result.json").read_text())
+    res, out = caller(dirs, "-e", "service_swap_max_num_seqs=0")
+    assert res.returncode == 0 and out, res.stdout + res.stderr
     reason = "service_swap_max_num_seqs is 0; it must be at least 1. Fix the inventory; nothing was changed."
     assert out["result"] == {"status": "refused", "failed_task": "Check the swap's settings", "reason": reason}
     assert out["msg"] == (
@@ -668,12 +651,8 @@ def test_a_refusal_is_declared_in_service_swap_result_for_the_caller(dirs):
 def test_a_refusal_is_printed_by_one_task_only(dirs):
     """Issue 44: main.yml's rescue repeated the refusal; now the rescue's failure points at it, and the
     result fact keeps it."""
-    play = dirs["tmp"] / "main.yml"
-    play.write_text(
-        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
-        "    - ansible.builtin.include_role: {name: service_swap}\n"
-    )
-    res = ansible(dirs["tmp"], str(play), "-e", "service_swap_spec_method=bogus")
+    play = local_play(dirs, "main.yml", "    - ansible.builtin.include_role: {name: service_swap}\n")
+    res = ansible(dirs["tmp"], play, "-e", "service_swap_spec_method=bogus")
     assert res.returncode == 2
     sentence = "service_swap_spec_method is bogus; it must be dflash or ddtree."
     tasks = [block for block in res.stdout.split("TASK [") if sentence in block.split("ROLLOUT REPORT")[0]]
