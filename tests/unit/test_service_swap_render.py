@@ -14,6 +14,17 @@ from safetensors_files import fake
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
+# The unit's --speculative-config line: the chain's, and DDTree's at a budget.
+CHAIN_LINE = (
+    ' --speculative-config \'{"method":"dflash","model":"/opt/models/drafter","num_speculative_tokens":15}\' \\'
+)
+
+
+def ddtree_line(budget: int) -> str:
+    return (
+        ' --speculative-config \'{"method":"ddtree","model":"/opt/models/drafter","num_speculative_tokens":15,'
+        f'"ddtree_budget":{budget}}}\' \\'
+    )
 
 
 def ansible(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -228,10 +239,7 @@ def test_dflash_ignores_a_ddtree_budget_and_forced_prefix_caching(dirs):
     lines = render(
         dirs, "hybrid", "-e", "shared_settings_ddtree_budget=32", "-e", '{"service_swap_prefix_caching": true}'
     )
-    assert (
-        lines[9]
-        == ' --speculative-config \'{"method":"dflash","model":"/opt/models/drafter","num_speculative_tokens":15}\' \\'
-    )
+    assert lines[9] == CHAIN_LINE
     assert lines[10] == " --enable-prefix-caching"
 
 
@@ -241,18 +249,12 @@ def test_the_tuned_winner_comes_before_ddtree_patchs_method_and_the_shared_budge
     lines = render(
         dirs, "hybrid", "-e", winner, "-e", "ddtree_patch_method=dflash", "-e", "shared_settings_ddtree_budget=15"
     )
-    assert lines[9] == (
-        ' --speculative-config \'{"method":"ddtree","model":"/opt/models/drafter","num_speculative_tokens":15,'
-        '"ddtree_budget":32}\' \\'
-    )
+    assert lines[9] == ddtree_line(32)
     chain = '{"tune_result": {"winner": "dflash", "method": "dflash", "budget": null}}'
     lines = render(
         dirs, "hybrid", "-e", chain, "-e", "ddtree_patch_method=ddtree", "-e", "shared_settings_ddtree_budget=32"
     )
-    assert (
-        lines[9]
-        == ' --speculative-config \'{"method":"dflash","model":"/opt/models/drafter","num_speculative_tokens":15}\' \\'
-    )
+    assert lines[9] == CHAIN_LINE
 
 
 def test_a_tuning_without_a_winner_leaves_ddtree_patchs_method_and_the_shared_budget(dirs):
@@ -261,10 +263,7 @@ def test_a_tuning_without_a_winner_leaves_ddtree_patchs_method_and_the_shared_bu
     lines = render(
         dirs, "hybrid", "-e", none_won, "-e", "ddtree_patch_method=ddtree", "-e", "shared_settings_ddtree_budget=24"
     )
-    assert lines[9] == (
-        ' --speculative-config \'{"method":"ddtree","model":"/opt/models/drafter","num_speculative_tokens":15,'
-        '"ddtree_budget":24}\' \\'
-    )
+    assert lines[9] == ddtree_line(24)
 
 
 def test_the_unit_runs_as_the_service_account_s_own_group(dirs):
