@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from playbook_run import ansible_playbook, local_play, localhost_inventory
 from safetensors_files import fake
 
 REPO = Path(__file__).resolve().parents[2]
-PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 # The unit's --speculative-config line: the chain's, and DDTree's at a budget.
 CHAIN_LINE = (
     ' --speculative-config \'{"method":"dflash","model":"/opt/models/drafter","num_speculative_tokens":15}\' \\'
@@ -27,22 +25,14 @@ def ddtree_line(budget: int) -> str:
     )
 
 
-def ansible(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    # Only localhost: the repository's default inventory (the lab's group_vars) must not leak in.
-    # An inventory file, not ANSIBLE_INVENTORY="localhost,": that is a path list whose empty second
-    # item is the working directory, which Ansible then walks, running every executable in the
-    # repository as an inventory script with --list.
-    inventory = tmp_path / "localhost.ini"
-    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+def ansible(tmp_path: Path, *args: str | Path) -> subprocess.CompletedProcess:
+    """ansible-playbook on localhost alone, with ``args``; reports and temporary files under ``tmp_path``."""
+    return ansible_playbook(
+        localhost_inventory(tmp_path),
+        *args,
         ANSIBLE_INJECT_FACT_VARS="False",
         DFLASH_REPORT_DIR=str(tmp_path / "reports"),
         TMPDIR=str(tmp_path),
-    )
-    return subprocess.run(
-        [PLAYBOOK, "-i", str(inventory), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
 
 
@@ -57,14 +47,6 @@ def dirs(tmp_path: Path) -> dict[str, Path]:
     dense.mkdir()
     (dense / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_hidden_layers": 2}))
     return {"hybrid": hybrid, "dense": dense, "drafter": tmp_path / "drafter", "tmp": tmp_path}
-
-
-def local_play(dirs: dict[str, Path], name: str, tasks: str) -> str:
-    """A play against localhost, without facts, running ``tasks`` (YAML lines indented under ``tasks:``),
-    written to the test's folder as ``name``; its path."""
-    play = dirs["tmp"] / name
-    play.write_text("- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n" + tasks)
-    return str(play)
 
 
 def unit_args(dirs: dict[str, Path], target: str) -> list[str]:
@@ -103,7 +85,8 @@ def render(dirs: dict[str, Path], target: str, *extra: str) -> list[str]:
 def preflight(dirs: dict[str, Path], *extra: str) -> subprocess.CompletedProcess:
     """Only the role's preflight tasks, against localhost."""
     play = local_play(
-        dirs, "preflight.yml", "    - ansible.builtin.include_role: {name: service_swap, tasks_from: preflight.yml}\n"
+        dirs["tmp"] / "preflight.yml",
+        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: preflight.yml}\n",
     )
     return ansible(dirs["tmp"], play, *extra)
 
@@ -114,8 +97,7 @@ def caller(dirs: dict[str, Path], *extra: str) -> tuple[subprocess.CompletedProc
     kept = dirs["tmp"] / "result.json"
     kept.unlink(missing_ok=True)
     play = local_play(
-        dirs,
-        "caller.yml",
+        dirs["tmp"] / "caller.yml",
         "    - block:\n"
         "        - ansible.builtin.include_role: {name: service_swap}\n"
         "      rescue:\n"
@@ -279,8 +261,7 @@ def test_a_candidate_s_method_and_budget_come_before_the_recorded_winner(dirs):
     # winner recorded before: the candidate's own method and budget must be what is rendered.
     dest = dirs["tmp"] / "candidate.service"
     play = local_play(
-        dirs,
-        "candidate.yml",
+        dirs["tmp"] / "candidate.yml",
         "    - ansible.builtin.set_fact:\n"
         "        tune_result: {winner: ddtree-32, method: ddtree, budget: 32}\n"
         "    - ansible.builtin.include_role: {name: service_swap, tasks_from: render.yml}\n"
@@ -430,7 +411,8 @@ def test_a_value_that_would_inject_unit_directives_is_refused_before_rendering(d
 
 def _open_api(dirs: dict[str, Path], *extra: str) -> subprocess.CompletedProcess:
     play = local_play(
-        dirs, "open_api.yml", "    - ansible.builtin.include_role: {name: service_swap, tasks_from: open_api.yml}\n"
+        dirs["tmp"] / "open_api.yml",
+        "    - ansible.builtin.include_role: {name: service_swap, tasks_from: open_api.yml}\n",
     )
     return ansible(dirs["tmp"], play, *extra)
 
@@ -650,7 +632,7 @@ def test_a_refusal_is_declared_in_service_swap_result_for_the_caller(dirs):
 def test_a_refusal_is_printed_by_one_task_only(dirs):
     """Issue 44: main.yml's rescue repeated the refusal; now the rescue's failure points at it, and the
     result fact keeps it."""
-    play = local_play(dirs, "main.yml", "    - ansible.builtin.include_role: {name: service_swap}\n")
+    play = local_play(dirs["tmp"] / "main.yml", "    - ansible.builtin.include_role: {name: service_swap}\n")
     res = ansible(dirs["tmp"], play, "-e", "service_swap_spec_method=bogus")
     assert res.returncode == 2
     sentence = "service_swap_spec_method is bogus; it must be dflash or ddtree."
