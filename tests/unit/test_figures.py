@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 from ansible.module_utils.figures import (
@@ -33,6 +31,7 @@ from ansible.module_utils.openai_probe import (
     mean_acceptance_length,
     tokens_per_second,
 )
+from playbook_run import ansible_playbook, local_play, localhost_inventory
 from rollout_report import tune_rows, tune_table
 from tune_choice import tune_choose, tune_read_record
 
@@ -267,10 +266,6 @@ def test_the_tune_plot_draws_no_bar_from_a_figure_that_is_not_a_speed() -> None:
 def test_a_stored_bad_record_through_ansible_playbook_neither_crashes_nor_sticks(tmp_path) -> None:
     """roles/tune's read path (json_file_info, tune_read_record, tune_choose) on the records issue 43 found:
     a chain at 0.0 tok/s and an Infinity written as 1e400. Each run measures again instead of failing."""
-    import os
-    import subprocess
-
-    repo = Path(__file__).resolve().parents[2]
     zero = {
         "inputs_digest": "d",
         "inputs": {},
@@ -278,28 +273,17 @@ def test_a_stored_bad_record_through_ansible_playbook_neither_crashes_nor_sticks
     }
     (tmp_path / "zero.fact").write_text(json.dumps(zero))
     (tmp_path / "inf.fact").write_text(json.dumps(zero).replace("250.0", "1e400"))
-    play = tmp_path / "record.yml"
-    play.write_text(
-        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+    play = local_play(
+        tmp_path / "record.yml",
         "    - json_file_info: {path: '" + str(tmp_path) + "/{{ item }}.fact', missing_ok: true}\n"
         "      loop: [zero, inf]\n      register: facts\n      failed_when: false\n"
         "    - ansible.builtin.debug:\n"
         '        msg: "RECORD {{ item.item }} {{ item.data | default(none) | tune_read_record | to_json }}"\n'
         "      loop: '{{ facts.results }}'\n"
         "    - ansible.builtin.debug:\n"
-        '        msg: "CHOICE {{ (facts.results[0].data.results | tune_choose(0.05, [dict(concurrency=1, weight=1)])).reason }}"\n'
+        '        msg: "CHOICE {{ (facts.results[0].data.results | tune_choose(0.05, [dict(concurrency=1, weight=1)])).reason }}"\n',
     )
-    inventory = tmp_path / "localhost.ini"
-    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
-    env = dict(os.environ, ANSIBLE_CONFIG=str(repo / "ansible.cfg"), DFLASH_REPORT_DIR=str(tmp_path / "r"))
-    res = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(play)],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    res = ansible_playbook(localhost_inventory(tmp_path), play, DFLASH_REPORT_DIR=str(tmp_path / "r"))
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert '"msg": "RECORD zero {}"' in out, out  # measured again, once

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from playbook_run import ansible_playbook, local_play, localhost_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "plugins" / "action" / "openai_wait.py"
@@ -110,35 +109,15 @@ def server():
 
 
 def wait(tmp_path: Path, url: str, **args) -> subprocess.CompletedProcess:
-    inventory = tmp_path / "localhost.ini"
-    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
-    play = tmp_path / "wait.yml"
     task = {"openai_wait": {"url": url, "timeout": 2, "journal_lines": 0, **args}, "register": "w"}
-    play.write_text(
-        json.dumps(
-            [
-                {
-                    "hosts": "localhost",
-                    "gather_facts": False,
-                    "tasks": [task, {"ansible.builtin.debug": {"msg": "RESULT {{ w | to_json }}"}}],
-                }
-            ]
-        )
-    )
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+    result = {"ansible.builtin.debug": {"msg": "RESULT {{ w | to_json }}"}}
+    play = local_play(tmp_path / "wait.yml", "".join(f"    - {json.dumps(t)}\n" for t in (task, result)))
+    return ansible_playbook(
+        localhost_inventory(tmp_path),
+        play,
         DFLASH_REPORT_DIR=str(tmp_path / "reports"),
         ANSIBLE_NOCOLOR="1",
         ANSIBLE_INJECT_FACT_VARS="False",
-    )
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(play)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
 
 

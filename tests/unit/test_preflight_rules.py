@@ -8,41 +8,29 @@ the end-of-run table shows, must be that rule's sentence and nothing about the r
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from playbook_run import ansible_playbook, local_play, localhost_inventory
 
 REPO = Path(__file__).resolve().parents[2]
-PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 
 
 def run_preflight(tmp_path: Path, role: str, extra: dict) -> tuple[int, list[str]]:
     """Run one role's preflight on localhost; the return code and the failed tasks' messages."""
-    inventory = tmp_path / "localhost.ini"
-    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
-    play = tmp_path / "preflight.yml"
-    play.write_text(
-        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
-        f"    - ansible.builtin.include_role: {{name: {role}, tasks_from: preflight.yml}}\n"
+    play = local_play(
+        tmp_path / "preflight.yml",
+        f"    - ansible.builtin.include_role: {{name: {role}, tasks_from: preflight.yml}}\n",
     )
     reports = tmp_path / "reports"
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+    res = ansible_playbook(
+        localhost_inventory(tmp_path),
+        play,
+        "-e",
+        json.dumps(extra),
         ANSIBLE_INJECT_FACT_VARS="False",
         DFLASH_REPORT_DIR=str(reports),
-    )
-    res = subprocess.run(
-        [PLAYBOOK, "-i", str(inventory), str(play), "-e", json.dumps(extra)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
     (report,) = reports.glob("preflight-*.json")
     errors = json.loads(report.read_text())["hosts"].get("localhost", {}).get("errors", [])

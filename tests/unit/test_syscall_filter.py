@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from playbook_run import ansible_playbook, localhost_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_TESTS = REPO / "tests" / "gpu"
@@ -304,20 +305,16 @@ def serve_check(
     vllm.parent.mkdir(parents=True)
     vllm.symlink_to(REPO / "tests" / "fakes" / "inference_server.py")
     dest = tmp_path / "vllm.service"
-    inventory = tmp_path / "localhost.ini"
-    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
-    env = dict(
-        os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_INJECT_FACT_VARS="False", TMPDIR=str(tmp_path)
-    )
-    render = [
-        str(Path(sys.executable).parent / "ansible-playbook"),
-        *("-i", str(inventory), "tests/gpu/render_unit.yml"),
+    res = ansible_playbook(
+        localhost_inventory(tmp_path),
+        "tests/gpu/render_unit.yml",
         *("-e", f"service_swap_vllm_executable={vllm}", "-e", f"shared_settings_target_dir={target}"),
         *("-e", f"shared_settings_drafter_dir={drafter}", "-e", f"service_swap_vllm_port={port}"),
         *("-e", "shared_settings_num_speculative_tokens=7", "-e", f"render_dest={dest}"),
         *("-e", f"shared_settings_service_home={tmp_path / 'home'}", *render_extra),
-    ]
-    res = subprocess.run(render, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        ANSIBLE_INJECT_FACT_VARS="False",
+        TMPDIR=str(tmp_path),
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     holders = tmp_path / "holders"
     holders.mkdir()

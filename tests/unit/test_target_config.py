@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from ansible.module_utils.target_config import TargetConfigError, gdn_shape, layer_kinds
 from ddtree_method import target_is_hybrid, target_layer_problem
 from memory_fit import service_swap_memory_fit
+from playbook_run import ansible_playbook, local_play, localhost_inventory
 
-REPO = Path(__file__).resolve().parents[2]
 CFG = "/m/config.json"
 DRAFTER = {
     "hidden_size": 5120,
@@ -141,36 +139,22 @@ def role_play(tmp_path: Path, config: object, budget: int = 15) -> subprocess.Co
     drafter = tmp_path / "drafter"
     weights(drafter, 1_730_000_000)
     (drafter / "config.json").write_text(json.dumps(DRAFTER))
-    play = tmp_path / "memory_fit.yml"
-    play.write_text(
-        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+    play = local_play(
+        tmp_path / "memory_fit.yml",
         "    - ansible.builtin.set_fact:\n"
         "        gpu_check_facts: {gpus: [{memory_total_mib: 143771}]}\n"
         "    - ansible.builtin.include_role: {name: service_swap, tasks_from: target.yml}\n"
         "    - ansible.builtin.include_role: {name: service_swap, tasks_from: memory_fit.yml}\n"
         f"      vars: {{service_swap_spec_method: ddtree, shared_settings_ddtree_budget: {budget},"
-        " service_swap_max_num_seqs: 8}\n"
+        " service_swap_max_num_seqs: 8}\n",
     )
-    inventory = tmp_path / "localhost.ini"
-    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+    return ansible_playbook(
+        localhost_inventory(tmp_path),
+        play,
+        *("-e", f"shared_settings_target_dir={target}", "-e", f"shared_settings_drafter_dir={drafter}"),
         ANSIBLE_INJECT_FACT_VARS="False",
         DFLASH_REPORT_DIR=str(tmp_path / "reports"),
         ANSIBLE_NOCOLOR="1",
-    )
-    return subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ansible-playbook"),
-            *("-i", str(inventory), str(play), "-e", f"shared_settings_target_dir={target}"),
-            *("-e", f"shared_settings_drafter_dir={drafter}"),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
 
 

@@ -8,22 +8,18 @@ ansible-playbook prints no escape sequence that a server sent.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import openai_bench
 import openai_probe
 import pytest
 from ansible.module_utils.terminal_text import terminal_lines, terminal_text, terminal_values
 from ansible.module_utils.testing import patch_module_args
+from playbook_run import ansible_playbook, local_play, localhost_inventory
 from rollout_report import summary_rows, summary_table, tune_rows, tune_table
 from test_openai_hostile import Hostile, fixed, healthy
 
 from ddtree.repo import repo_file
 
-REPO = Path(__file__).resolve().parents[2]
 # Clear the screen, a red colour, a hyperlink (OSC 8), the clipboard (OSC 52), a title (OSC 0 ended by
 # ST), an 8-bit CSI, a carriage return that overwrites the line, a bidirectional override, a NUL.
 HOSTILE = (
@@ -154,33 +150,22 @@ def test_a_gate_fed_by_a_hostile_server_prints_no_escape_through_ansible_playboo
     """service_swap's Gate 2 as the operator meets it: the probe's error in an assert's fail_msg."""
     healthy(server)
     server.behaviour["/v1/completions"] = fixed(HOSTILE.encode(), "500 Internal Server Error")
-    play = tmp_path / "gate.yml"
-    play.write_text(
-        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+    play = local_play(
+        tmp_path / "gate.yml",
         f"    - openai_probe: {{url: '{server.url}', requests: 1, timeout: 5}}\n"
         "      register: probe\n"
         "    - ansible.builtin.assert:\n"
         "        that: probe.error | length == 0\n"
         "        fail_msg: 'vLLM answers /health but not completions: {{ probe.error }}'\n"
         "    - ansible.builtin.debug:\n"
-        "        msg: \"{{ 'journal: ' ~ (['\\u001b[2Jline\\u001b]0;t\\u0007'] | terminal_lines | join(' | ')) }}\"\n"
+        "        msg: \"{{ 'journal: ' ~ (['\\u001b[2Jline\\u001b]0;t\\u0007'] | terminal_lines | join(' | ')) }}\"\n",
     )
-    inventory = tmp_path / "localhost.ini"
-    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+    res = ansible_playbook(
+        localhost_inventory(tmp_path),
+        play,
         DFLASH_REPORT_DIR=str(tmp_path / "reports"),
         ANSIBLE_NOCOLOR="1",
         ANSIBLE_FORCE_COLOR="0",
-    )
-    res = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(play)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
     out = res.stdout + res.stderr
     assert res.returncode == 2, out
