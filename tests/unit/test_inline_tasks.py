@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from inline_tasks import inlinable
-
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
+from playbook_run import ansible_playbook
 
 PLAYBOOK = """
 - name: Every kind of task run the callback does here or leaves to a worker
@@ -92,20 +88,13 @@ def run(tmp_path: Path, inline: str) -> tuple[str, dict[str, dict]]:
     )
     (tmp_path / "hosts.yml").write_text(f"all:\n  vars: {{out: {out}}}\n  hosts:\n{hosts}")
     (tmp_path / "play.yml").write_text(PLAYBOOK)
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+    res = ansible_playbook(
+        "hosts.yml",
+        "play.yml",
+        cwd=tmp_path,
         ANSIBLE_NOCOLOR="1",
         DFLASH_INLINE_TASKS=inline,
         DFLASH_REPORT_DIR=str(tmp_path / "reports"),
-    )
-    res = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", "hosts.yml", "play.yml"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     facts = {h: json.loads((out / f"h{h}.json").read_text()) for h in (1, 2)}

@@ -8,9 +8,6 @@ through ansible-playbook on the real inventory path.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +15,7 @@ import pytest
 import yaml
 from ansible.module_utils.bounded_value import MAX_ELEMENTS, bounded_repr, measure
 from inventory_checks import inventory_problems, rollout_problems, shown
+from playbook_run import ansible_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = str(REPO / "roles")
@@ -95,17 +93,9 @@ def test_a_bomb_through_ansible_playbook_is_refused_in_seconds_naming_the_variab
     (inv / "group_vars").mkdir(parents=True)
     (inv / "hosts.yml").write_text("all:\n  children:\n    gpu_nodes:\n      hosts:\n        n1: {}\n")
     (inv / "group_vars" / "gpu_nodes.yml").write_text(bomb_lines("service_swap_served_model_name"))
-    env = dict(
-        os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), DFLASH_REPORT_DIR=str(tmp_path / "r"), ANSIBLE_NOCOLOR="1"
-    )
     started = time.monotonic()
-    res = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inv), "playbooks/validate_inventory.yml"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    res = ansible_playbook(
+        inv, "playbooks/validate_inventory.yml", DFLASH_REPORT_DIR=str(tmp_path / "r"), ANSIBLE_NOCOLOR="1"
     )
     took = time.monotonic() - started
     out = res.stdout + res.stderr

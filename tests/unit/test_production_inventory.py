@@ -6,24 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from playbook_run import ansible_playbook
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def validate(inventory: Path, reports: Path, *extra: str) -> subprocess.CompletedProcess:
-    bin_dir = Path(sys.executable).parent
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), DFLASH_REPORT_DIR=str(reports))
-    return subprocess.run(
-        [
-            str(bin_dir / "ansible-playbook"),
-            "-i",
-            str(inventory),
-            *extra,
-            str(REPO / "playbooks/validate_inventory.yml"),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
+    return ansible_playbook(
+        inventory, *extra, REPO / "playbooks/validate_inventory.yml", DFLASH_REPORT_DIR=str(reports)
     )
 
 

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from playbook_run import ansible_playbook
 from rollout_report import report_dir
 
 REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 
 
 def test_a_relative_setting_is_under_the_repository_root_and_an_absolute_one_is_kept() -> None:
@@ -43,21 +41,16 @@ def test_rollout_and_bench_reports_land_in_one_place_whatever_the_current_direct
         "all:\n  children:\n    gpu_nodes:\n      hosts:\n        n1:\n          ansible_host: 127.0.0.1\n"
         f"          ansible_connection: local\n          ansible_python_interpreter: {sys.executable}\n"
     )
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+    # Run from elsewhere: neither the current directory nor the playbook's decides where reports go.
+    res = ansible_playbook(
+        "hosts.yml",
+        REPO / "playbooks/bench.yml",
+        "--tags",
+        "report_dir",
+        cwd=tmp_path,
         ANSIBLE_INJECT_FACT_VARS="False",
         DFLASH_REPORT_DIR=relative_reports,
         ANSIBLE_NOCOLOR="1",
-    )
-    # Run from elsewhere: neither the current directory nor the playbook's decides where reports go.
-    res = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", "hosts.yml", str(REPO / "playbooks/bench.yml"), "--tags", "report_dir"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     where = REPO / relative_reports
@@ -72,14 +65,11 @@ def test_bench_report_dir_is_refused_with_what_replaces_it(tmp_path: Path) -> No
         "all:\n  children:\n    gpu_nodes:\n      hosts:\n        n1:\n          ansible_host: 127.0.0.1\n"
         "          ansible_connection: local\n          bench_report_dir: /tmp/elsewhere\n"
     )
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), DFLASH_REPORT_DIR=str(tmp_path / "reports"))
-    res = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", "hosts.yml", str(REPO / "playbooks/validate_inventory.yml")],
+    res = ansible_playbook(
+        "hosts.yml",
+        REPO / "playbooks/validate_inventory.yml",
         cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        DFLASH_REPORT_DIR=str(tmp_path / "reports"),
     )
     assert res.returncode == 2, res.stdout
     assert "n1: bench_report_dir is no longer used: bench results go under the one report directory" in res.stdout

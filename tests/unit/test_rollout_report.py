@@ -1,11 +1,10 @@
 """The summary table printed at the end of every run, and the JSON report of a stopped rollout."""
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
+from playbook_run import ansible_playbook
 from rollout_report import (
     failure_message,
     note,
@@ -214,20 +213,17 @@ def test_a_failed_batch_leaves_later_hosts_not_reached_in_the_json_report(tmp_pa
     (tmp_path / "hosts.yml").write_text(
         "nodes:\n  hosts:\n    n1: {}\n    n2: {}\n    n3: {}\n  vars:\n    ansible_connection: local\n"
     )
-    env = dict(
-        os.environ,
+    # The report callback alone, from plugins/ (not the repository's ansible.cfg and its other callbacks).
+    run = ansible_playbook(
+        "hosts.yml",
+        "play.yml",
+        cwd=tmp_path,
+        config=None,
         ANSIBLE_CALLBACK_PLUGINS=str(PLUGINS),
         ANSIBLE_CALLBACKS_ENABLED="rollout_report",
         DFLASH_REPORT_DIR=str(tmp_path / "reports"),
         ANSIBLE_PYTHON_INTERPRETER=sys.executable,
         ANSIBLE_NOCOLOR="1",
-    )
-    run = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "hosts.yml", "play.yml"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
     )
     assert run.returncode == 2, run.stdout
     (report,) = (tmp_path / "reports").glob("play-*.json")
