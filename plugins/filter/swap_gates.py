@@ -6,6 +6,7 @@ do; the role's tasks only say which check they make (tests/unit/test_swap_gates.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -126,52 +127,99 @@ def service_swap_budget_problem(budget: Any, shared_budget: Any, num_speculative
 
 
 # The rule as vLLM 0.20.1 writes it (vllm/config/vllm.py, VllmConfig._set_cudagraph_sizes, the default
-# performance mode; the base's cudagraphs.capture_size.grid holds it as data):
+# performance mode; the base's cudagraphs.capture_size.grid holds the grid as data):
+#     max_cudagraph_capture_size = min(max_num_tokens, max_cudagraph_capture_size)  # max_num_batched_tokens
 #     cudagraph_capture_sizes = [i for i in [1, 2, 4] if i <= max_cudagraph_capture_size]
 #     if max_cudagraph_capture_size >= 8:
 #         cudagraph_capture_sizes += list(range(8, min(max_cudagraph_capture_size + 1, 256), 8))
 #     if max_cudagraph_capture_size >= 256:
 #         cudagraph_capture_sizes += list(range(256, max_cudagraph_capture_size + 1, 16))
+#     if max_num_tokens <= max_cudagraph_capture_size and max_num_tokens not in cudagraph_capture_sizes:
+#         cudagraph_capture_sizes.append(max_num_tokens)
 #     ...
 #     valid_max_size = cudagraph_capture_sizes[-1] if cudagraph_capture_sizes else 0
 #     ...  logger.warning("Truncating max_cudagraph_capture_size to %d", valid_max_size)
-# then CompilationConfig.adjust_cudagraph_sizes_for_spec_decode rounds each size up to a multiple of a
-# request's tokens, drops those over valid_max_size and raises "No valid cudagraph sizes after rounding"
-# when none is left and one request's tokens exceed it. Not modelled: vLLM first lowers the cap to
-# max_num_batched_tokens and then captures that number itself, which matters only where
-# service_swap_max_num_batched_tokens is at or under the cap.
+# So a cap at or above max_num_batched_tokens is lowered to max_num_batched_tokens, which is then
+# captured itself, off the grid or not; only a cap under it is cut down to the grid. Without a cap (0,
+# or auto where no uniform DDTree batch fits and nothing is rendered) vLLM's default, min(2 x
+# max_num_seqs x a request's tokens, 512), is lowered the same way; that default cut to the grid holds
+# a request of up to 512 tokens, so there only max_num_batched_tokens can fall short. Not checked: a
+# request of more tokens (a DDTree budget of 512 or more) without a cap, which vLLM refuses; its 512 is
+# not in the base's data. Rendered sizes (auto) are at most max_num_batched_tokens and kept as given.
+# Then CompilationConfig.adjust_cudagraph_sizes_for_spec_decode rounds each size up to a multiple of a
+# request's tokens, drops those over valid_max_size and raises "No valid cudagraph sizes after
+# rounding" when none is left and one request's tokens exceed it.
 def service_swap_capture_size_problem(
-    capture_size: Any, verify_tokens: Any, vllm_version: str | None = None, engine_home: str | Path | None = None
+    capture_size: Any,
+    verify_tokens: Any,
+    max_num_batched_tokens: Any,
+    vllm_version: str | None = None,
+    engine_home: str | Path | None = None,
 ) -> str:
-    """Why the deployed vLLM release would refuse service_swap_max_cudagraph_capture_size ('' when it
-    would not): the release first cuts a number of tokens other than 0 down to the largest size of
-    its grid at or under it, and that size must hold the tokens its base asks for
-    (``cudagraphs.capture_size`` in ddtree/vllm-<release>/base.json; vLLM 0.20.1: one request's
-    verified tokens and its root, else no full decode graph is left, "No valid cudagraph sizes after
-    rounding"). The sentence says what was asked, what vLLM would capture and the smallest grid size
-    that holds them. ``vllm_version`` names the release (the engine's sole base without it; '' where
-    it has no base, whose grid is not known here), ``engine_home`` the folder of the bases (the
-    repository's ddtree/ by default)."""
-    size = str(capture_size)
-    if not size.isdigit() or int(size) == 0:
+    """Why the deployed vLLM release would refuse its CUDA-graph sizes ('' when it would not). The release
+    lowers the largest size it captures to ``max_num_batched_tokens`` (service_swap_max_num_batched_tokens)
+    where that is at or under the cap (service_swap_max_cudagraph_capture_size, or vLLM's default for auto
+    and 0), and cuts a cap other than 0 under it down to the largest size of its grid at or under the cap;
+    what is left must hold the tokens its base asks for (``cudagraphs.capture_size`` in
+    ddtree/vllm-<release>/base.json; vLLM 0.20.1: one request's verified tokens and its root, else no full
+    decode graph is left, "No valid cudagraph sizes after rounding"). The sentence says which setting
+    lowered it, what vLLM would capture, and the values that start. ``vllm_version`` names the release (the
+    engine's sole base without it; '' where it has no base, whose rules are not known here),
+    ``engine_home`` the folder of the bases (the repository's ddtree/ by default). A capture size that is
+    neither auto nor a whole number is the preflight's own rule's to refuse ('' here)."""
+    size = str(capture_size).strip()
+    if size != "auto" and not re.fullmatch(r"[0-9]+", size):
         return ""
     base = rules_for(engine_home, vllm_version)
     if base is None:
         return ""
     verify = int(verify_tokens)
-    smallest = base.min_capture_size(verify)
-    if int(size) >= smallest:
-        return ""
     need = base.capture_tokens(verify)
-    captured = base.grid_at_or_under(int(size))
     requests = base.capture_min_requests
     who = "one request verifies" if requests == 1 else f"{requests} requests verify"
-    return (
-        f"service_swap_max_cudagraph_capture_size is {capture_size}: vLLM {base.release} cuts it down to the largest"
-        f" size of its grid ({base.grid_words()}) at or under it and captures CUDA graphs of at most {captured}"
-        f" tokens, less than the {need} tokens {who} per step, so it would refuse to start. Use auto (one graph per"
-        f" batch), 0 (vLLM's default) or at least {smallest}, the smallest grid size that holds {need} tokens."
-    )
+    tokens = _whole(max_num_batched_tokens)
+    if tokens is None or tokens < 1:
+        shown = str(max_num_batched_tokens)
+        shown = shown if len(shown) <= 40 else f"{shown[:20]}... ({len(shown)} characters)"
+        return (
+            f"service_swap_max_num_batched_tokens is {shown}; it must be a whole number of tokens, at least"
+            f" {max(need, 1)}."
+        )
+    if need == 0:
+        return ""
+    cap = _whole(size) if size != "auto" else 0
+    if cap is None:
+        return f"service_swap_max_cudagraph_capture_size has {len(size)} digits; use auto, 0 or a number of tokens."
+    smallest = base.min_capture_size(verify)
+    if cap and tokens > cap:
+        captured = base.grid_at_or_under(cap)
+        if captured >= need:
+            return ""
+        why = (
+            f"service_swap_max_cudagraph_capture_size is {cap}: vLLM {base.release} cuts it down to the largest size"
+            f" of its grid ({base.grid_words()}) at or under it and captures CUDA graphs of at most {captured} tokens,"
+        )
+    else:
+        if tokens >= need:
+            return ""
+        origin = (
+            f"service_swap_max_cudagraph_capture_size {cap}"
+            if cap
+            else f"its default, as service_swap_max_cudagraph_capture_size is {size}"
+        )
+        why = (
+            f"service_swap_max_num_batched_tokens is {tokens}: vLLM {base.release} lowers the largest CUDA graph it"
+            f" captures to max_num_batched_tokens (from {origin}) and captures CUDA graphs of at most {tokens} tokens,"
+        )
+    fixes = []
+    if cap and cap < smallest:
+        fixes.append(
+            f"Use auto (one graph per batch), 0 (vLLM's default) or at least {smallest}, the smallest grid size that"
+            f" holds {need} tokens."
+        )
+    if tokens < need:
+        fixes.append(f"Raise service_swap_max_num_batched_tokens to at least {need}.")
+    return f"{why} less than the {need} tokens {who} per step, so it would refuse to start. {' '.join(fixes)}"
 
 
 def service_swap_ddtree_base_problem(method: str, vllm_version: str, engine_home: str | Path | None = None) -> str:
@@ -194,19 +242,17 @@ def service_swap_ddtree_base_problem(method: str, vllm_version: str, engine_home
 BASE_CHECKS = {
     "draft_slots": "service_swap_max_num_batched_tokens against the batched-token slots vLLM reserves per sequence "
     "for drafting (scheduler)",
-    "capture_size": "service_swap_max_cudagraph_capture_size against the release's CUDA-graph size grid",
+    "capture_size": "service_swap_max_cudagraph_capture_size and service_swap_max_num_batched_tokens against the CUDA "
+    "graph sizes the release captures (its size grid, lowered to max_num_batched_tokens)",
     "memory_fit_kv_cache": "how many requests of service_swap_max_model_len the KV cache holds (its layout); the "
     "weights and the profile run's peak are still checked against the GPU's memory",
 }
 
 
-def service_swap_skipped_checks(
-    vllm_version: str, capture_size: Any = "auto", engine_home: str | Path | None = None
-) -> list[dict[str, str]]:
+def service_swap_skipped_checks(vllm_version: str, engine_home: str | Path | None = None) -> list[dict[str, str]]:
     """The preflight's checks not run because ``vllm_version`` has no base descriptor, each as ``{check,
     what, why}`` (service_swap_result.skipped_checks, the preflight's note); [] where the release has a
-    base. The capture-size check is listed only where a cap of tokens other than 0 was set (auto and 0
-    give it nothing to check). A descriptor that is there but broken gives []: the checks themselves then
+    base. A descriptor that is there but broken gives []: the checks themselves then
     refuse, naming the file."""
     try:
         if rules_for(engine_home, vllm_version) is not None:
@@ -218,9 +264,7 @@ def service_swap_skipped_checks(
         f"vLLM {release} has no base descriptor in ddtree/: its scheduler/CUDA-graph/KV rules are not known "
         "here; vLLM checks them at start, and the health gate rolls back if it refuses"
     )
-    size = str(capture_size)
-    names = [n for n in BASE_CHECKS if n != "capture_size" or (size.isdigit() and int(size) > 0)]
-    return [{"check": name, "what": BASE_CHECKS[name], "why": why} for name in names]
+    return [{"check": name, "what": what, "why": why} for name, what in BASE_CHECKS.items()]
 
 
 def service_swap_no_previous_unit(previous_unit_path: str, host: str) -> str:
@@ -260,6 +304,22 @@ def _int(value: Any) -> int:
         return int(value)
     except (TypeError, ValueError):
         return 0
+
+
+def _whole(value: Any) -> int | None:
+    """A whole number given as one (an int, or text of digits with an optional sign), else None: not
+    a bool, a fraction, other text, or more digits than Python reads."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    text = str(value).strip() if isinstance(value, str) else ""
+    if not re.fullmatch(r"[+-]?[0-9]+", text):
+        return None
+    try:
+        return int(text)
+    except ValueError:  # more digits than int() reads (sys.get_int_max_str_digits)
+        return None
 
 
 class FilterModule:

@@ -18,6 +18,7 @@ from ddtree_method import (
 )
 from safetensors_files import fake
 from swap_gates import service_swap_capture_size_problem
+from vllm_argv import vllm_compilation_config
 
 from ddtree.tests import release_files
 
@@ -185,8 +186,8 @@ def test_the_smallest_capture_size_is_where_vllm_0_20_1_starts(vllm_graph_sizes)
     own code: one token under it vLLM refuses ("No valid cudagraph sizes after rounding"), at it vLLM starts."""
     # Written out: the smallest size of 1, 2, 4, every 8 that holds one request's verified tokens and its root.
     for verify, seqs, floor in ((15, 8, 16), (7, 33, 8), (63, 4, 64), (1, 2, 2), (3, 5, 4), (8, 3, 16), (14, 33, 16)):
-        assert service_swap_capture_size_problem(floor - 1, verify, "0.20.1") != ""
-        assert service_swap_capture_size_problem(floor, verify, "0.20.1") == ""
+        assert service_swap_capture_size_problem(floor - 1, verify, 16384, "0.20.1") != ""
+        assert service_swap_capture_size_problem(floor, verify, 16384, "0.20.1") == ""
         assert vllm_graph_sizes({"max_cudagraph_capture_size": floor - 1}, verify + 1, seqs, 65536) is None
         assert vllm_graph_sizes({"max_cudagraph_capture_size": floor}, verify + 1, seqs, 65536) == [
             (floor // (verify + 1)) * (verify + 1)
@@ -196,8 +197,8 @@ def test_the_smallest_capture_size_is_where_vllm_0_20_1_starts(vllm_graph_sizes)
 def test_a_cap_off_vllms_size_grid_is_refused_as_vllm_refuses_it(vllm_graph_sizes) -> None:
     assert vllm_graph_sizes({"max_cudagraph_capture_size": 15}, 15, 33, 65536) is None  # truncated to 8
     assert vllm_graph_sizes({"max_cudagraph_capture_size": 16}, 15, 33, 65536) == [15]
-    assert service_swap_capture_size_problem(15, 14, "0.20.1") != ""
-    assert service_swap_capture_size_problem(16, 14, "0.20.1") == ""
+    assert service_swap_capture_size_problem(15, 14, 16384, "0.20.1") != ""
+    assert service_swap_capture_size_problem(16, 14, 16384, "0.20.1") == ""
 
 
 _AT_MOST = re.compile(r"captures CUDA graphs of at most (\d+) tokens, less than the (\d+) tokens")
@@ -216,12 +217,67 @@ def test_every_budget_s_capture_check_agrees_with_vllm_s_own_sizing(vllm_graph_s
             if vllm_graph_sizes({"max_cudagraph_capture_size": cap}, query_len, 8, 65536) is not None
         ]
         for cap in range(1, 4 * query_len + 32):
-            problem = service_swap_capture_size_problem(cap, verify, "0.20.1")
+            problem = service_swap_capture_size_problem(cap, verify, 16384, "0.20.1")
             assert (problem == "") == (cap in starts), (verify, cap, problem)
             if problem:
                 at_most, need = (int(n) for n in _AT_MOST.search(problem).groups())
                 assert (at_most, need) == (vllm_cut_cap(cap, query_len), query_len), (verify, cap)
                 assert int(_AT_LEAST.search(problem).group(1)) == min(starts), (verify, cap)
+
+
+_LOWERED = re.compile(r"lowers the largest CUDA graph it captures to max_num_batched_tokens .* at most (\d+) tokens,")
+_RAISE_TOKENS = re.compile(r"Raise service_swap_max_num_batched_tokens to at least (\d+)\.")
+
+
+def test_every_budget_s_capture_check_agrees_with_vllm_where_the_batched_tokens_lower_it(vllm_sizing) -> None:
+    """For every budget 1..64, as the unit renders it (auto, 0 and caps around one request's tokens and the
+    smallest grid size), 1 and 8 sequences, and every max_num_batched_tokens up to two requests' tokens and around
+    the smallest grid size: the preflight refuses exactly where vLLM 0.20.1's own sizing code refuses after
+    lowering the cap (or its default) to max_num_batched_tokens, names what vLLM then captures, and the values
+    it asks for start."""
+    set_sizes, adjust, configs = vllm_sizing
+
+    def vllm(compilation_config: dict, query_len: int, seqs: int, tokens: int) -> int | None:
+        """The largest size vLLM captures after _set_cudagraph_sizes, or None where it refuses to start."""
+        config, compilation = configs(compilation_config, query_len, seqs, tokens)
+        set_sizes(config)
+        lowered = compilation.max_cudagraph_capture_size
+        try:
+            adjust(compilation, query_len, 1)
+        except ValueError as exc:
+            assert "No valid cudagraph sizes after rounding" in str(exc)
+            return None
+        return lowered
+
+    refused = {"lowered": 0, "cut to the grid": 0}
+    for verify in range(1, 65):
+        query_len = verify + 1
+        floor = service_swap_capture_size_problem(1, verify, 16384, "0.20.1")
+        smallest = int(_AT_LEAST.search(floor).group(1))
+        caps = ("auto", 0, 1, verify, query_len, query_len + 1, smallest - 1, smallest, 2 * query_len, 520)
+        for seqs in (1, 8):
+            for tokens in {*range(1, 2 * query_len + 9), smallest - 1, smallest, smallest + 1, 16384} - {0}:
+                for cap in caps:
+                    rendered = vllm_compilation_config(cap, ddtree_cudagraph_sizes(seqs, verify, tokens))
+                    problem = service_swap_capture_size_problem(cap, verify, tokens, "0.20.1")
+                    captured = vllm(rendered, query_len, seqs, tokens)
+                    assert (problem == "") == (captured is not None), (verify, seqs, tokens, cap, problem)
+                    if not problem:
+                        continue
+                    lowered = _LOWERED.search(problem)
+                    refused["lowered" if lowered else "cut to the grid"] += 1
+                    if lowered:  # vLLM's own lowered size, before any rounding
+                        config, compilation = configs(rendered, query_len, seqs, tokens)
+                        set_sizes(config)
+                        assert int(lowered.group(1)) == compilation.max_cudagraph_capture_size == tokens
+                    # What the sentence asks for starts.
+                    fixed_tokens = int(m.group(1)) if (m := _RAISE_TOKENS.search(problem)) else tokens
+                    fixed_cap = int(m.group(1)) if (m := _AT_LEAST.search(problem)) else cap
+                    assert fixed_tokens > tokens or fixed_cap != cap, problem
+                    fixed = vllm_compilation_config(fixed_cap, ddtree_cudagraph_sizes(seqs, verify, fixed_tokens))
+                    assert vllm(fixed, query_len, seqs, fixed_tokens) is not None, (problem, fixed_cap, fixed_tokens)
+                    assert service_swap_capture_size_problem(fixed_cap, verify, fixed_tokens, "0.20.1") == ""
+    assert min(refused.values()) > 1000, refused  # both kinds of refusal were seen, not only starts
 
 
 def test_the_service_swap_defaults_render_32_graphs_at_budget_64() -> None:

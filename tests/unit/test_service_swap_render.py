@@ -589,6 +589,27 @@ def test_preflight_refuses_a_cuda_graph_cap_below_one_request_s_tokens(dirs):
     assert "captures CUDA graphs of at most 8 tokens, less than the 15 tokens" in " ".join(res.stdout.split())
 
 
+def test_preflight_refuses_batched_tokens_that_lower_the_cuda_graphs_below_one_request_s_tokens(dirs):
+    """vLLM 0.20.1 lowers the largest CUDA graph it captures to max_num_batched_tokens: 15 batched tokens leave the
+    15-token chain's 16 without a graph, which the draft-slot rule (1 sequence x 14 slots) lets through."""
+    one_seq = ("-e", "service_swap_max_num_seqs=1")
+    res = preflight(dirs, *one_seq, "-e", "service_swap_max_num_batched_tokens=15")
+    out = " ".join(res.stdout.split())
+    assert res.returncode == 2, out
+    assert (
+        "service_swap_max_num_batched_tokens is 15: vLLM 0.20.1 lowers the largest CUDA graph it captures to"
+        " max_num_batched_tokens (from its default, as service_swap_max_cudagraph_capture_size is auto) and captures"
+        " CUDA graphs of at most 15 tokens, less than the 16 tokens one request verifies per step, so it would refuse"
+        " to start. Raise service_swap_max_num_batched_tokens to at least 16."
+    ) in out
+    assert "batched-token slots per sequence" not in out
+    # 16 hold it: the settings pass and the preflight goes on to the files vLLM needs.
+    res = preflight(dirs, *one_seq, "-e", "service_swap_max_num_batched_tokens=16")
+    assert "TASK [service_swap : Check the swap's settings] ***" in res.stdout
+    assert "less than the" not in res.stdout
+    assert "Missing on localhost" in res.stdout, res.stdout
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

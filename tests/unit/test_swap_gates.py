@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from swap_gates import (
     service_swap_acceptance_problem,
     service_swap_budget_problem,
@@ -135,9 +136,9 @@ def test_a_release_without_a_base_gets_no_other_base_s_draft_slot_or_capture_rul
         1024, 15, 8192, "dflash", "9.10.0", home
     )
     assert service_swap_draft_slots_problem(1024, 15, 8192, "dflash", "0.22.0") == ""  # the repository's one base
-    assert service_swap_capture_size_problem(8, 15, "0.22.0", home) == ""
-    assert service_swap_capture_size_problem(8, 15, "0.22.0") == ""
-    assert "vLLM 9.9.9 cuts it down" in service_swap_capture_size_problem(8, 15, "9.9.9", home)
+    assert service_swap_capture_size_problem(8, 15, 16384, "0.22.0", home) == ""
+    assert service_swap_capture_size_problem(8, 15, 16384, "0.22.0") == ""
+    assert "vLLM 9.9.9 cuts it down" in service_swap_capture_size_problem(8, 15, 16384, "9.9.9", home)
 
 
 def test_the_checks_a_release_without_a_base_skips_are_named_with_why(tmp_path: Path, synthetic_base) -> None:
@@ -146,28 +147,27 @@ def test_the_checks_a_release_without_a_base_skips_are_named_with_why(tmp_path: 
         "vLLM 0.22.0 has no base descriptor in ddtree/: its scheduler/CUDA-graph/KV rules are not known here; vLLM"
         " checks them at start, and the health gate rolls back if it refuses"
     )
-    skipped = service_swap_skipped_checks("0.22.0+cu130", 512, home)
+    skipped = service_swap_skipped_checks("0.22.0+cu130", home)
     assert [(s["check"], s["why"]) for s in skipped] == [
         ("draft_slots", why),
         ("capture_size", why),
         ("memory_fit_kv_cache", why),
     ]
+    # With auto and 0 too: vLLM lowers its own default to max_num_batched_tokens, which the check compares.
+    assert skipped[1]["what"] == (
+        "service_swap_max_cudagraph_capture_size and service_swap_max_num_batched_tokens against the CUDA graph sizes"
+        " the release captures (its size grid, lowered to max_num_batched_tokens)"
+    )
     assert skipped[2]["what"] == (
         "how many requests of service_swap_max_model_len the KV cache holds (its layout); the weights and the profile"
         " run's peak are still checked against the GPU's memory"
     )
-    # auto and 0 give the capture-size check nothing to check: it is not listed.
-    for size in ("auto", 0, "0"):
-        assert [s["check"] for s in service_swap_skipped_checks("0.22.0", size, home)] == [
-            "draft_slots",
-            "memory_fit_kv_cache",
-        ]
-    assert service_swap_skipped_checks("9.10.0", 512, home) == []
-    assert service_swap_skipped_checks("0.20.1", 512) == []
+    assert service_swap_skipped_checks("9.10.0", home) == []
+    assert service_swap_skipped_checks("0.20.1") == []
     # A descriptor that is there but broken is no "no base": the checks themselves refuse, naming it.
     (home / "vllm-0.22.0").mkdir()
     (home / "vllm-0.22.0" / "base.json").write_text("{")
-    assert service_swap_skipped_checks("0.22.0", 512, home) == []
+    assert service_swap_skipped_checks("0.22.0", home) == []
 
 
 def test_ddtree_on_a_release_without_a_base_is_refused(tmp_path: Path, synthetic_base) -> None:
@@ -200,31 +200,100 @@ def test_a_ddtree_budget_below_the_depth_is_named_by_where_it_came_from() -> Non
 
 def test_a_capture_size_under_one_requests_tokens_is_refused() -> None:
     for fine in ("auto", 0, "0", 16, 17):
-        assert service_swap_capture_size_problem(fine, 8) == "", fine
-    assert service_swap_capture_size_problem(8, "15") == (
+        assert service_swap_capture_size_problem(fine, 8, 16384) == "", fine
+    assert service_swap_capture_size_problem(8, "15", 16384) == (
         "service_swap_max_cudagraph_capture_size is 8: vLLM 0.20.1 cuts it down to the largest size of its grid (1, 2,"
         " 4, then every 8 from 8 and every 16 from 256) at or under it and captures CUDA graphs of at most 8 tokens,"
         " less than the 16 tokens one request verifies per step, so it would refuse to start. Use auto (one graph per"
         " batch), 0 (vLLM's default) or at least 16, the smallest grid size that holds 16 tokens."
     )
-    assert service_swap_capture_size_problem(8, "15", "0.20.1+cu130") == service_swap_capture_size_problem(8, "15")
+    assert service_swap_capture_size_problem(8, "15", 16384, "0.20.1+cu130") == service_swap_capture_size_problem(
+        8, "15", 16384
+    )
 
 
 def test_a_capture_size_off_the_grid_is_refused_with_the_size_vllm_would_capture() -> None:
     """9 tokens hold budget 8's request, but vLLM 0.20.1 cuts 9 down to 8 first; 15 at budget 14 to 8 too."""
-    assert service_swap_capture_size_problem(9, 8) == (
+    assert service_swap_capture_size_problem(9, 8, 16384) == (
         "service_swap_max_cudagraph_capture_size is 9: vLLM 0.20.1 cuts it down to the largest size of its grid (1, 2,"
         " 4, then every 8 from 8 and every 16 from 256) at or under it and captures CUDA graphs of at most 8 tokens,"
         " less than the 9 tokens one request verifies per step, so it would refuse to start. Use auto (one graph per"
         " batch), 0 (vLLM's default) or at least 16, the smallest grid size that holds 9 tokens."
     )
     assert "captures CUDA graphs of at most 8 tokens, less than the 15 tokens" in service_swap_capture_size_problem(
-        15, 14
+        15, 14, 16384
     )
     # Past 256 the grid steps by 16: budget 255's 256 tokens fit 256 to 271, budget 256's 257 need 272.
-    assert service_swap_capture_size_problem(271, 255) == ""
-    assert "at most 256 tokens, less than the 257 tokens" in service_swap_capture_size_problem(271, 256)
-    assert service_swap_capture_size_problem(272, 256) == ""
+    assert service_swap_capture_size_problem(271, 255, 16384) == ""
+    assert "at most 256 tokens, less than the 257 tokens" in service_swap_capture_size_problem(271, 256, 16384)
+    assert service_swap_capture_size_problem(272, 256, 16384) == ""
+
+
+def test_a_capture_size_lowered_to_the_batched_tokens_is_refused_only_where_a_request_no_longer_fits() -> None:
+    """vLLM 0.20.1 lowers the cap (or its default) to max_num_batched_tokens and captures that size itself."""
+    # Harmless: 300 tokens still hold 65 (graphs of 65 to 260); 15 and 9 are captured as they are, off the grid.
+    for fine in ((520, 64, 300), (15, 14, 15), (9, 8, 9), ("auto", 15, 16), (0, 15, 16), ("auto", 64, 65)):
+        assert service_swap_capture_size_problem(*fine) == "", fine
+    assert service_swap_capture_size_problem(100, 14, 14) == (
+        "service_swap_max_num_batched_tokens is 14: vLLM 0.20.1 lowers the largest CUDA graph it captures to"
+        " max_num_batched_tokens (from service_swap_max_cudagraph_capture_size 100) and captures CUDA graphs of at"
+        " most 14 tokens, less than the 15 tokens one request verifies per step, so it would refuse to start. Raise"
+        " service_swap_max_num_batched_tokens to at least 15."
+    )
+    for size in ("auto", 0, "0"):
+        assert service_swap_capture_size_problem(size, 15, "15") == (
+            "service_swap_max_num_batched_tokens is 15: vLLM 0.20.1 lowers the largest CUDA graph it captures to"
+            " max_num_batched_tokens (from its default, as service_swap_max_cudagraph_capture_size is"
+            f" {size}) and captures CUDA graphs of at most 15 tokens, less than the 16 tokens one request verifies"
+            " per step, so it would refuse to start. Raise service_swap_max_num_batched_tokens to at least 16."
+        )
+    # Both short: each setting to change is named, whichever one vLLM applies first.
+    assert service_swap_capture_size_problem(8, 15, 8).endswith(
+        "at most 8 tokens, less than the 16 tokens one request verifies per step, so it would refuse to start. Use"
+        " auto (one graph per batch), 0 (vLLM's default) or at least 16, the smallest grid size that holds 16 tokens."
+        " Raise service_swap_max_num_batched_tokens to at least 16."
+    )
+    assert service_swap_capture_size_problem(9, 15, 12) == (
+        "service_swap_max_cudagraph_capture_size is 9: vLLM 0.20.1 cuts it down to the largest size of its grid (1, 2,"
+        " 4, then every 8 from 8 and every 16 from 256) at or under it and captures CUDA graphs of at most 8 tokens,"
+        " less than the 16 tokens one request verifies per step, so it would refuse to start. Use auto (one graph per"
+        " batch), 0 (vLLM's default) or at least 16, the smallest grid size that holds 16 tokens. Raise"
+        " service_swap_max_num_batched_tokens to at least 16."
+    )
+
+
+@pytest.mark.parametrize(
+    ("tokens", "shown"),
+    [
+        (0, "0"),
+        (-16384, "-16384"),
+        ("-1", "-1"),
+        ("many", "many"),
+        (True, "True"),
+        (1.5, "1.5"),
+        (None, "None"),
+        ("", ""),
+        ("9" * 5000, "99999999999999999999... (5000 characters)"),
+    ],
+)
+def test_batched_tokens_that_are_no_whole_number_of_at_least_one_are_refused_with_a_sentence(tokens, shown) -> None:
+    for size in ("auto", 0, 16):
+        assert service_swap_capture_size_problem(size, 15, tokens) == (
+            f"service_swap_max_num_batched_tokens is {shown}; it must be a whole number of tokens, at least 16."
+        )
+
+
+def test_huge_values_and_capture_sizes_that_are_no_number_are_left_to_their_own_rules() -> None:
+    assert service_swap_capture_size_problem(16, 15, 10**30) == ""
+    assert service_swap_capture_size_problem(10**30, 15, 16384) == ""  # lowered to 16384, which holds 16
+    assert service_swap_capture_size_problem(str(10**30), 15, "16384") == ""
+    assert "at most 8 tokens" in service_swap_capture_size_problem(8, 15, 10**30)
+    # The preflight's own rule says "it must be auto or a number of tokens" for these.
+    for size in ("-16", "x", 16.0, True, None, "\u00b2"):
+        assert service_swap_capture_size_problem(size, 15, 8) == "", size
+    assert service_swap_capture_size_problem("9" * 5000, 15, 16384) == (
+        "service_swap_max_cudagraph_capture_size has 5000 digits; use auto, 0 or a number of tokens."
+    )
 
 
 def test_a_second_base_s_descriptor_sets_the_smallest_capture_size(tmp_path: Path, synthetic_base) -> None:
@@ -233,14 +302,21 @@ def test_a_second_base_s_descriptor_sets_the_smallest_capture_size(tmp_path: Pat
     nothing in the filter names either."""
     home = synthetic_base(tmp_path)
     for fine in ("auto", 0, 40, 49):
-        assert service_swap_capture_size_problem(fine, 15, "9.9.9", home) == "", fine
-    assert service_swap_capture_size_problem(39, 15, "9.9.9", home) == (
+        assert service_swap_capture_size_problem(fine, 15, 16384, "9.9.9", home) == "", fine
+    assert service_swap_capture_size_problem(39, 15, 16384, "9.9.9", home) == (
         "service_swap_max_cudagraph_capture_size is 39: vLLM 9.9.9 cuts it down to the largest size of its grid (2,"
         " then every 10 from 10) at or under it and captures CUDA graphs of at most 30 tokens, less than the 34 tokens"
         " 2 requests verify per step, so it would refuse to start. Use auto (one graph per batch), 0 (vLLM's default)"
         " or at least 40, the smallest grid size that holds 34 tokens."
     )
-    assert "at most 2 tokens, less than the 34 tokens" in service_swap_capture_size_problem(9, 15, "9.9.9", home)
+    assert "at most 2 tokens, less than the 34 tokens" in service_swap_capture_size_problem(9, 15, 16384, "9.9.9", home)
+    # Lowered to the batched tokens: 33 tokens do not hold its two requests' 34, whatever the cap.
+    assert service_swap_capture_size_problem(40, 15, 34, "9.9.9", home) == ""
+    for size in (40, "auto", 0):
+        assert service_swap_capture_size_problem(size, 15, 33, "9.9.9", home).endswith(
+            "at most 33 tokens, less than the 34 tokens 2 requests verify per step, so it would refuse to start. Raise"
+            " service_swap_max_num_batched_tokens to at least 34."
+        )
 
 
 def test_previous_vllm_refusals_say_what_is_missing_and_what_to_do() -> None:
