@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from ddtree.bench.tree_bench import COMMON, load_module, time_events
+from ddtree.bench.tree_bench import COMMON, capture_graph, load_module, time_events
 from ddtree.bench.tree_bench import dt as tree_module
 
 # The loop's parts, as they appear in the kernel source, and what running each twice adds.
@@ -84,17 +84,8 @@ def variant_sources(source: str) -> dict[str, str]:
 
 
 def _graph_us(step: Callable[[], object], iters: int) -> float:
-    """Median microseconds of replaying ``step`` captured in a CUDA graph (warmed up on a side
-    stream first, as capture needs)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    """Median microseconds of replaying ``step`` captured in a CUDA graph."""
+    graph = capture_graph(step, warmup=3)
     return statistics.median(time_events(graph.replay, iters, warmup=0)) * 1000
 
 

@@ -151,6 +151,20 @@ def time_events(step: Callable[[], object], iters: int, warmup: int) -> list[flo
     return _event_samples(step, iters, warmup, 0)[0]
 
 
+def capture_graph(step: Callable[[], object], warmup: int) -> torch.cuda.CUDAGraph:
+    """``step`` captured in a CUDA graph, after ``warmup`` calls on a side stream (as capture needs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
 def _sleep_cycles_per_ms() -> float:
     """GPU clock cycles ``torch.cuda._sleep`` spins per millisecond, measured."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

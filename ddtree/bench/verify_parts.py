@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from ddtree.bench.tree_bench import capture_graph
+
 # Shapes: (query heads, KV heads, head size, KV block size, attention layers, GDN layers).
 # Qwen3.6-27B's KV block is vLLM's for the hybrid (attention pages as large as a GDN state).
 SHAPES = {
@@ -77,15 +79,7 @@ def ancestor_bias(parents: torch.Tensor) -> torch.Tensor:
 
 def time_graph(fn, replays: int = REPLAYS) -> float:
     """ms per call of fn, replayed from one CUDA graph that calls it LAYERS times."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = capture_graph(fn, warmup=2)
     graph.replay()
     torch.cuda.synchronize()
     times = []

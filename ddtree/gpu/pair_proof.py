@@ -238,7 +238,6 @@ def cmd_make_models(root: str) -> int:
 # one gated full-attention layer), M-RoPE, and a DFlash drafter whose sliding layers come first, as in
 # Qwen3.6-27B-DFlash. A window of 16 is far shorter than the prompts plus 64 generated tokens.
 HY_LAYERS_TARGET = 8
-HY_LAYER_TYPES = ["linear_attention"] * 3 + ["full_attention"]
 HY_DRAFT_TYPES = ["sliding_attention"] * 3 + ["full_attention"]
 HY_WINDOW = 16
 HY_TARGET_LAYER_IDS = [1, 2, 4, 5]  # the DFlash rule for 8 target layers and 4 draft layers
@@ -246,54 +245,21 @@ HY_OUT_OF_VOCAB = 1000  # vision token ids: none can appear in a prompt, so ever
 
 
 def _hybrid_target_config():
-    from transformers import Qwen3_5Config
+    """The trained pair's hybrid architecture (ddtree/trained/models.py) at this proof's tiny sizes."""
+    from ddtree.trained.models import hybrid_checkpoint_config, hybrid_text_config
 
-    text = dict(
+    text = hybrid_text_config(
         vocab_size=VOCAB,
         hidden_size=HIDDEN,
         intermediate_size=INTER,
         num_hidden_layers=HY_LAYERS_TARGET,
-        layer_types=HY_LAYER_TYPES * (HY_LAYERS_TARGET // 4),
         num_attention_heads=HEADS,
         num_key_value_heads=KV_HEADS,
         head_dim=HEAD_DIM,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=64,
-        linear_value_head_dim=64,
-        linear_conv_kernel_dim=4,
         max_position_embeddings=MAX_POS,
-        rms_norm_eps=1e-6,
-        hidden_act="silu",
-        attention_bias=False,
-        # head_dim 64 x partial rotary 0.25 = 16 rotary dims = 8 frequencies, split 3/3/2 over
-        # (time, height, width) as Qwen3.6 splits its 32 as 11/11/10.
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 10000000,
-            "partial_rotary_factor": 0.25,
-            "mrope_interleaved": True,
-            "mrope_section": [3, 3, 2],
-        },
-        bos_token_id=0,
         eos_token_id=1,
-        pad_token_id=0,
-        tie_word_embeddings=False,
     )
-    vision = dict(
-        depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=HIDDEN, num_position_embeddings=16
-    )
-    cfg = Qwen3_5Config(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=HY_OUT_OF_VOCAB,
-        video_token_id=HY_OUT_OF_VOCAB + 1,
-        vision_start_token_id=HY_OUT_OF_VOCAB + 2,
-        vision_end_token_id=HY_OUT_OF_VOCAB + 3,
-        tie_word_embeddings=False,
-    )
-    cfg.architectures = ["Qwen3_5ForConditionalGeneration"]
-    return cfg
+    return hybrid_checkpoint_config(text, out_of_vocab=HY_OUT_OF_VOCAB)
 
 
 def _steer_drafter(target, language_model, chosen: list[list[int]], dev: str) -> dict:

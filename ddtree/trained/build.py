@@ -155,6 +155,29 @@ class Plan:
         return step >= self.steps or time.time() > self.deadline
 
 
+def optimise(name: str, module: torch.nn.Module, opt, plan: Plan, peak_lr: float, warmup: int, batch_loss):
+    """Run ``plan`` on ``module``: each step sets the cosine learning rate, takes ``batch_loss(step)`` and
+    an optimiser step on it with gradients clipped to norm 1; a progress line every 100 steps. Returns
+    (steps done, their losses)."""
+    t0 = time.time()
+    done, losses = 0, []
+    for step in range(plan.steps):
+        if plan.stop(step):
+            break
+        for group in opt.param_groups:
+            group["lr"] = models.cosine_lr(step, plan.steps, peak_lr, warmup)
+        loss = batch_loss(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+        opt.step()
+        done = step + 1
+        losses.append(loss.detach())
+        if step % 100 == 0:
+            log(f"{name} step {step}/{plan.steps} loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
+    return done, losses
+
+
 def train_target(kind: str, root: str, steps: int, deadline: float, dev) -> tuple[torch.nn.Module, dict]:
     torch.manual_seed(SEED)
     lm = models.causal_lm(kind).to(dev)
@@ -165,28 +188,18 @@ def train_target(kind: str, root: str, steps: int, deadline: float, dev) -> tupl
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=2e-3, betas=(0.9, 0.95)
     )
-    t0 = time.time()
-    done, losses = 0, []
-    lm.train()
-    plan = Plan(steps, deadline)
-    for step in range(plan.steps):
-        if plan.stop(step):
-            break
-        for group in opt.param_groups:
-            group["lr"] = models.cosine_lr(step, plan.steps, 2e-3, 100)
+
+    def batch_loss(step: int) -> torch.Tensor:
         starts = torch.randint(0, len(train) - SEQ - 1, (BATCH,), device=dev, generator=g)
         seq = windows(train, starts, SEQ + 1)
         with torch.autocast("cuda" if dev.type == "cuda" else "cpu", dtype=torch.bfloat16):
             logits = lm(seq[:, :-1]).logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), seq[:, 1:].flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
-        opt.step()
-        done = step + 1
-        losses.append(loss.detach())
-        if step % 100 == 0:
-            log(f"{kind} target step {step}/{steps} loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
+        return F.cross_entropy(logits.float().flatten(0, 1), seq[:, 1:].flatten())
+
+    t0 = time.time()
+    lm.train()
+    plan = Plan(steps, deadline)
+    done, losses = optimise(f"{kind} target", lm, opt, plan, 2e-3, 100, batch_loss)
     lm.eval()
     seconds = time.time() - t0
     held = evaluate_target(lm, root, dev)
@@ -283,14 +296,8 @@ def train_drafter(kind: str, lm, data, root: str, steps: int, deadline: float, d
     weights = models.loss_weights(dev)
     g = torch.Generator(device=dev).manual_seed(SEED + 4)
     anchors_per_seq = 16  # blocks per sequence share one target forward, the costly part
-    t0 = time.time()
-    done, losses = 0, []
-    plan = Plan(steps, deadline)
-    for step in range(plan.steps):
-        if plan.stop(step):
-            break
-        for group in opt.param_groups:
-            group["lr"] = models.cosine_lr(step, plan.steps, 1.5e-3, 50)
+
+    def batch_loss(step: int) -> torch.Tensor:
         if step % 2:
             starts = torch.randint(0, len(train) - DRAFT_WINDOW - 1, (8192 // DRAFT_WINDOW,), device=dev, generator=g)
             p, seq = DRAFT_MIN_CONTEXT, windows(train, starts, DRAFT_WINDOW)
@@ -298,15 +305,11 @@ def train_drafter(kind: str, lm, data, root: str, steps: int, deadline: float, d
             p, seqs = data[int(torch.randint(0, len(data), (1,), generator=g, device=dev))]
             pick = torch.randint(0, len(seqs), (min(len(seqs), max(4, 8192 // (p + GEN))),), generator=g, device=dev)
             seq = seqs[pick]
-        loss = drafter_loss(drafter, lm, embed, head, seq, p, anchors_per_seq, ids, weights, g)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        done = step + 1
-        losses.append(loss.detach())
-        if step % 100 == 0:
-            log(f"{kind} drafter step {step}/{steps} loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
+        return drafter_loss(drafter, lm, embed, head, seq, p, anchors_per_seq, ids, weights, g)
+
+    t0 = time.time()
+    plan = Plan(steps, deadline)
+    done, losses = optimise(f"{kind} drafter", drafter, opt, plan, 1.5e-3, 50, batch_loss)
     drafter.eval()
     return drafter, {
         "params": models.count_params(drafter),

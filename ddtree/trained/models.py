@@ -42,13 +42,19 @@ RMS_EPS = 1e-6
 OUT_OF_VOCAB = 10_000  # vision token ids: never in a text prompt
 
 
-def hybrid_text_config() -> dict:
-    return dict(
+def hybrid_text_config(**sizes) -> dict:
+    """Qwen3.6's text_config layout at the trained pair's sizes.
+
+    ``sizes`` replace some of its values (the GPU proof's random pair is narrower, with a 64-token
+    vocabulary); the layer pattern, linear-attention heads and M-RoPE stay Qwen3.6's.
+    """
+    layers = sizes.get("num_hidden_layers", LAYERS)
+    config = dict(
         vocab_size=VOCAB_SIZE,
         hidden_size=HIDDEN,
         intermediate_size=INTERMEDIATE,
-        num_hidden_layers=LAYERS,
-        layer_types=HYBRID_LAYER_TYPES * (LAYERS // 4),
+        num_hidden_layers=layers,
+        layer_types=HYBRID_LAYER_TYPES * (layers // 4),
         num_attention_heads=HEADS,
         num_key_value_heads=KV_HEADS,
         head_dim=HEAD_DIM,
@@ -75,6 +81,10 @@ def hybrid_text_config() -> dict:
         pad_token_id=0,
         tie_word_embeddings=False,
     )
+    unknown = sorted(set(sizes) - set(config))
+    if unknown:
+        raise ValueError(f"not in the hybrid's text_config: {unknown}")
+    return {**config, **sizes}
 
 
 def hybrid_causal_lm():
@@ -84,20 +94,27 @@ def hybrid_causal_lm():
     return Qwen3_5ForCausalLM(Qwen3_5TextConfig(**hybrid_text_config()))
 
 
-def hybrid_checkpoint_config():
-    """Qwen3_5ForConditionalGeneration's config: text_config as trained, a minimal vision tower."""
+def hybrid_checkpoint_config(text: dict | None = None, out_of_vocab: int = OUT_OF_VOCAB):
+    """Qwen3_5ForConditionalGeneration's config: ``text`` (default: text_config as trained), a minimal
+    vision tower whose token ids start at ``out_of_vocab`` (past the vocabulary: never in a prompt)."""
     from transformers import Qwen3_5Config
 
+    text = hybrid_text_config() if text is None else text
     vision = dict(
-        depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=HIDDEN, num_position_embeddings=16
+        depth=1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=text["hidden_size"],
+        num_position_embeddings=16,
     )
     cfg = Qwen3_5Config(
-        text_config=hybrid_text_config(),
+        text_config=text,
         vision_config=vision,
-        image_token_id=OUT_OF_VOCAB,
-        video_token_id=OUT_OF_VOCAB + 1,
-        vision_start_token_id=OUT_OF_VOCAB + 2,
-        vision_end_token_id=OUT_OF_VOCAB + 3,
+        image_token_id=out_of_vocab,
+        video_token_id=out_of_vocab + 1,
+        vision_start_token_id=out_of_vocab + 2,
+        vision_end_token_id=out_of_vocab + 3,
         tie_word_embeddings=False,
     )
     cfg.architectures = ["Qwen3_5ForConditionalGeneration"]

@@ -685,6 +685,18 @@ def staged_shard_change(shard_dir, dest, capsys):
     return args, planned, before
 
 
+def staged_file_change(src, dest, capsys):
+    """A staged single file that then changes (a new mtime), planned and transferred but not committed:
+    the commit's args, the plan and the digest of the model.safetensors dest held before."""
+    stage({**base(src, dest), "files": [manifest(src)]}, capsys)
+    old = sha(dest / "model.safetensors")
+    os.utime(src, (7, 7))
+    args = {**base(src, dest), "files": [manifest(src)]}
+    planned = call({**args, "step": "plan"}, capsys)
+    transfer(planned)
+    return args, planned, old
+
+
 def test_a_changed_shard_set_is_swapped_in_whole_and_config_json_stays(tmp_path, capsys):
     shard_dir, dest = tmp_path / "shards", tmp_path / "dest"
     stage({**base(shard_dir, dest), "files": write_shards(shard_dir)}, capsys)
@@ -1059,13 +1071,7 @@ def test_a_full_disk_while_building_a_shard_set_leaves_the_old_set_and_nothing_b
 def test_an_immutable_weights_file_is_not_replaced_and_is_named(src, ext4_dir, capsys):
     """A real chattr +i model.safetensors (ext4): the commit refuses before the rename, removing its temp."""
     dest = ext4_dir / "dest"
-    args = {**base(src, dest), "files": [manifest(src)]}
-    stage(args, capsys)
-    old = sha(dest / "model.safetensors")
-    os.utime(src, (7, 7))
-    args = {**base(src, dest), "files": [manifest(src)]}
-    planned = call({**args, "step": "plan"}, capsys)
-    transfer(planned)
+    args, planned, old = staged_file_change(src, dest, capsys)
     final = dest / "model.safetensors"
     with realfs.immutable(final):
         out = call({**args, "step": "commit", "files": commit_files(planned)}, capsys)
@@ -1111,13 +1117,7 @@ def test_a_read_only_filesystem_at_the_commit_is_named_and_nothing_is_replaced(s
     """Regression: dest remounted read-only after the transfer (real ext4) failed in fchown with a message naming
     only dest ("dest: Read-only file system (dest)"). Now the temp is named, with the remedy; nothing changes."""
     dest = ext4_dir / "dest"
-    args = {**base(src, dest), "files": [manifest(src)]}
-    stage(args, capsys)
-    old = sha(dest / "model.safetensors")
-    os.utime(src, (7, 7))
-    args = {**base(src, dest), "files": [manifest(src)]}
-    planned = call({**args, "step": "plan"}, capsys)
-    transfer(planned)
+    args, planned, old = staged_file_change(src, dest, capsys)
     listed = names(dest)
     with realfs.read_only(ext4_dir):
         out = call({**args, "step": "commit", "files": commit_files(planned)}, capsys)

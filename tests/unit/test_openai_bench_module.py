@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import openai_bench
 import pytest
 from ansible.module_utils.testing import patch_module_args
+from stand_in_engine import SERVER, StandIns, answers, free_port
 
-REPO = Path(__file__).resolve().parents[2]
-SERVER = REPO / "tests" / "fakes" / "inference_server.py"
 KEY = "sk-bench-7f3a91"
 PROMPTS = ["one two three four", "five six seven"]
 
@@ -28,56 +20,19 @@ sys.modules["inference_server_bench"] = fake
 _spec.loader.exec_module(fake)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def serve(tmp_path, target):
     """Start a stand-in engine ("vllm" with a DFlash drafter, or "sglang" with MTP); returns its URL once healthy."""
-    drafter = tmp_path / "drafter"
-    drafter.mkdir()
-    (drafter / "config.json").write_text(json.dumps({"block_size": 16, "dflash_config": {"mask_token_id": 248070}}))
-    procs: list[subprocess.Popen] = []
+    engines = StandIns(tmp_path, target, KEY)
 
     def start(engine: str, knobs: dict | None = None) -> str:
-        port = free_port()
-        (tmp_path / "knobs.json").write_text(json.dumps({engine: knobs or {}}))
-        env = dict(
-            os.environ,
-            LAB_FAKES_HOLDERS=str(tmp_path / "holders"),
-            LAB_FAKES_KNOBS=str(tmp_path / "knobs.json"),
-            VLLM_API_KEY=KEY,
-        )
-        if engine == "vllm":
-            cfg = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 15}
-            argv = ["vllm", "serve", str(target), "--port", str(port), "--speculative-config", json.dumps(cfg)]
-            argv += ["--max-num-seqs", "32", "--max-num-batched-tokens", "16384"]  # as service_swap renders
-        else:
-            argv = ["sglang", "--model-path", str(target), "--port", str(port)]
-            argv += ["--speculative-algo", "NEXTN", "--speculative-num-steps", "3"]
-        argv += ["--host", "127.0.0.1", "--served-model-name", "Qwen3.6-27B"]
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(SERVER), *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
-        )
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=1)
-                return url
-            except (urllib.error.HTTPError, OSError):
-                time.sleep(0.05)
+        url = engines.start(engine, knobs)
+        if answers(f"{url}/health", 15):
+            return url
         raise AssertionError(f"the stand-in {engine} never became healthy")
 
     yield start
-    for p in procs:
-        p.terminate()
-        p.wait(5)
+    engines.stop()
 
 
 def bench(args: dict, capsys) -> dict:
@@ -162,24 +117,13 @@ def test_nothing_listening_is_not_healthy(capsys):
 
 
 def test_still_loading_is_not_healthy(target, capsys, tmp_path):
-    port = free_port()
-    (tmp_path / "k.json").write_text(json.dumps({"never_healthy": True}))
-    env = dict(os.environ, LAB_FAKES_HOLDERS=str(tmp_path / "h"), LAB_FAKES_KNOBS=str(tmp_path / "k.json"))
-    argv = [sys.executable, str(SERVER), "sglang", "--model-path", str(target), "--port", str(port)]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    engines = StandIns(tmp_path, target, KEY)
     try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=1)
-            except urllib.error.HTTPError:
-                break
-            except OSError:
-                time.sleep(0.05)
+        url = engines.start("sglang", {"never_healthy": True}, spec=False)
+        answers(f"{url}/health", 5, any_status=True)
         result = bench({"url": url, "prompts": PROMPTS}, capsys)
     finally:
-        proc.terminate()
-        proc.wait(5)
+        engines.stop()
     assert result["failed"] is True
     assert result["msg"] == f"the server at {url} is not healthy: GET {url}/health answered HTTP 503: loading"
 

@@ -4,68 +4,28 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import openai_probe
 import pytest
 from ansible.module_utils.testing import patch_module_args
+from stand_in_engine import StandIns, answers, free_port
 
-REPO = Path(__file__).resolve().parents[2]
-SERVER = REPO / "tests" / "fakes" / "inference_server.py"
 KEY = "sk-unit-0b9c4e"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def vllm(tmp_path, target):
     """Start the stand-in vLLM; yields a function that takes knobs and returns its URL."""
-    drafter = tmp_path / "drafter"
-    drafter.mkdir()
-    (drafter / "config.json").write_text(json.dumps({"block_size": 16, "dflash_config": {"mask_token_id": 248070}}))
-    procs: list[subprocess.Popen] = []
+    engines = StandIns(tmp_path, target, KEY)
 
     def start(knobs: dict | None = None, spec: bool = True) -> str:
-        port = free_port()
-        (tmp_path / "knobs.json").write_text(json.dumps({"vllm": knobs or {}}))
-        env = dict(
-            os.environ,
-            LAB_FAKES_HOLDERS=str(tmp_path / "holders"),
-            LAB_FAKES_KNOBS=str(tmp_path / "knobs.json"),
-            VLLM_API_KEY=KEY,
-        )
-        argv = [sys.executable, str(SERVER), "vllm", "serve", str(target), "--host", "127.0.0.1", "--port", str(port)]
-        argv += ["--served-model-name", "Qwen3.6-27B"]
-        if spec:
-            cfg = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 15}
-            argv += ["--speculative-config", json.dumps(cfg)]
-            argv += ["--max-num-seqs", "32", "--max-num-batched-tokens", "16384"]  # as service_swap renders
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"{url}/version", timeout=1)  # answers while loading too (503)
-                break
-            except urllib.error.HTTPError:
-                break
-            except OSError:
-                time.sleep(0.05)
+        url = engines.start("vllm", knobs, spec=spec)
+        answers(f"{url}/version", 10, any_status=True)  # answers while loading too (503)
         return url
 
     yield start
-    for p in procs:
-        p.terminate()
-        p.wait(5)
+    engines.stop()
 
 
 def probe(args: dict, capsys) -> dict:
