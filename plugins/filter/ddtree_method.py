@@ -21,9 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import ansible.module_utils
-from ansible import constants as C
 
-for _p in [*(C.DEFAULT_MODULE_UTILS_PATH or []), str(Path(__file__).resolve().parents[2] / "module_utils")]:
+try:
+    from ansible import constants as C
+
+    _MODULE_UTILS_PATHS = list(C.DEFAULT_MODULE_UTILS_PATH or [])
+except ImportError:  # the GPU proofs load this file where Ansible is absent (ddtree/repo.py stands in for it)
+    _MODULE_UTILS_PATHS = []
+
+for _p in [*_MODULE_UTILS_PATHS, str(Path(__file__).resolve().parents[2] / "module_utils")]:
     if os.path.isdir(_p) and _p not in ansible.module_utils.__path__:
         ansible.module_utils.__path__.append(_p)
 
