@@ -221,6 +221,22 @@ def test_homogeneity_passes_the_same_and_fails_another_distribution():
     assert [x["position"] for x in other["by_position"]] == [1, 2, 3, 4]
 
 
+def test_homogeneity_names_the_prefix_a_failure_comes_from():
+    r = random.Random(1)
+
+    def draw(ps, n):
+        return [[r.choices(range(len(ps)), ps)[0] for _ in range(2)] for _ in range(n)]
+
+    same = [0.5, 0.3, 0.2]
+    a = [draw(same, 2000) for _ in range(3)]
+    b = [draw(same, 2000), draw([0.4, 0.4, 0.2], 2000), draw(same, 2000)]  # only the second prefix differs
+    h = homogeneity(a, b)
+    assert h["min_p"] < 1e-6
+    assert len(h["p_by_prefix"]) == 3 and all(len(p) == 2 for p in h["p_by_prefix"])
+    assert max(h["p_by_prefix"][1]) < 1e-6
+    assert min(h["p_by_prefix"][0] + h["p_by_prefix"][2]) > 0.001
+
+
 def test_plan_runs_its_fixed_steps_and_stops_at_the_deadline(monkeypatch):
     from ddtree.trained import build
 

@@ -70,15 +70,19 @@ def homogeneity(a: Sequence[Sequence[Sequence[int]]], b: Sequence[Sequence[Seque
     add). ``a[k][s]`` is sample s of prefix k, a list of tokens."""
     positions = min(len(s) for group in (*a, *b) for s in group)
     out = []
+    by_prefix: list[list[float]] = [[] for _ in a]
     for i in range(positions):
         stat, df = 0.0, 0
-        for sa, sb in zip(a, b, strict=True):
+        for k, (sa, sb) in enumerate(zip(a, b, strict=True)):
             st, d = table_statistic(Counter(s[i] for s in sa), Counter(s[i] for s in sb))
             stat, df = stat + st, df + d
+            by_prefix[k].append(round(chi2_sf(st, d), 4))
         out.append({"position": i + 1, "chi2": round(stat, 2), "df": df, "p": chi2_sf(stat, df)})
     return {
         "samples": [len(g) for g in b],
         "by_position": out,
+        # Each prefix's own p per position: which prefix a summed failure comes from.
+        "p_by_prefix": by_prefix,
         "min_p": min(x["p"] for x in out) if out else None,
         "log10_min_p": round(math.log10(max(min(x["p"] for x in out), 1e-300)), 2) if out else None,
     }
