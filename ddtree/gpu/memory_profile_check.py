@@ -249,14 +249,103 @@ def fit_checks(measured: dict, predicted: dict) -> dict:
     }
 
 
-def run_fit(out: Path, method: str, mamba_ssm_dtype: str | None) -> int:
-    import torch
-    from vllm import LLM
+def fit_settings(defaults: dict, method: str) -> dict:
+    """The settings the fit proof starts vLLM with and the fit counts with, from the role defaults: the chain
+    verifies its depth per step, DDTree its budget."""
+    depth = int(defaults["shared_settings_num_speculative_tokens"])
+    return {
+        "depth": depth,
+        "budget": int(defaults["shared_settings_ddtree_budget"]) if method == "ddtree" else depth,
+        "max_model_len": int(defaults["service_swap_max_model_len"]),
+        "max_num_seqs": int(defaults["service_swap_max_num_seqs"]),
+        "max_num_batched_tokens": int(defaults["service_swap_max_num_batched_tokens"]),
+        "gpu_memory_utilization": float(defaults["shared_settings_gpu_memory_utilization"]),
+        "reserve_mib": int(defaults["service_swap_fit_reserve_mib"]),
+    }
 
-    from ddtree import repo
+
+def fit_engine_args(defaults: dict, method: str, target: Path, drafter: Path) -> dict:
+    """vLLM's arguments for the fit proof: the role's settings, tensor parallel 1, DDTree's CUDA graphs as
+    service_swap renders them (plugins/filter/ddtree_method.py), dummy weights."""
     from ddtree.bench import step_cost
 
+    s = fit_settings(defaults, method)
+    spec: dict = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": s["depth"]}
+    compilation: dict = {}
+    if method == "ddtree":
+        spec.update(method="ddtree", ddtree_budget=s["budget"])
+        compilation = {
+            "cudagraph_capture_sizes": step_cost.ddtree_cudagraph_sizes(
+                s["max_num_seqs"], s["budget"], s["max_num_batched_tokens"]
+            )
+        }
+    return {
+        "model": str(target),
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "max_model_len": s["max_model_len"],
+        "max_num_seqs": s["max_num_seqs"],
+        "max_num_batched_tokens": s["max_num_batched_tokens"],
+        "enable_prefix_caching": False,
+        "gpu_memory_utilization": s["gpu_memory_utilization"],
+        "speculative_config": spec,
+        "compilation_config": compilation,
+        **step_cost.shape_engine_args("27b"),
+    }
+
+
+def fit_prediction(
+    target_cfg: dict, drafter_cfg: dict, measured: dict, defaults: dict, method: str, gpu_memory_mib: int, *, base
+) -> dict:
+    """What service_swap's fit (module_utils/memory_fit.py) says for the settings vLLM ran with: its figures in
+    the names fit_checks compares with vLLM's. ``base`` is the rules of the release vLLM runs
+    (module_utils/ddtree_base.py BaseRules), which lay the KV cache out.
+
+    The weights are an input of the fit (safetensors headers on a node); here vLLM's own figure. How it splits
+    between target and drafter does not matter: only the sum is subtracted."""
+    from ddtree import repo
+
     mf = repo.module_util("memory_fit")
+    s = fit_settings(defaults, method)
+    fit = mf.memory_fit(
+        target_cfg,
+        drafter_cfg,
+        target_weights=measured["weights_bytes"],
+        drafter_weights=0,
+        gpu_memory_mib=gpu_memory_mib,
+        gpu_memory_utilization=s["gpu_memory_utilization"],
+        tensor_parallel_size=1,
+        max_model_len=s["max_model_len"],
+        max_num_seqs=s["max_num_seqs"],
+        max_num_batched_tokens=s["max_num_batched_tokens"],
+        spec_tokens=s["budget"],
+        depth=s["depth"],
+        ddtree=method == "ddtree",
+        reserve_mib=s["reserve_mib"],
+        base=base,
+    )
+    return {
+        "budget_bytes": fit.budget,
+        "profile_bytes": fit.profile,
+        "reserve_bytes": fit.reserve,
+        "kv_available_bytes": fit.kv_available,
+        "request_bytes": fit.request,
+        "fits": fit.fits,
+    }
+
+
+def run_fit(out: Path, method: str, mamba_ssm_dtype: str | None) -> int:
+    import torch
+    import vllm
+    from vllm import LLM
+
+    from ddtree import bases, repo
+    from ddtree.bench import step_cost
+
+    mib = repo.module_util("memory_fit").MIB
+    # The rules of the release that runs here (vLLM 0.20.1: ddtree/vllm-0.20.1/base.json), before the
+    # minutes of start-up: a release without a base stops here, naming the bases there are.
+    base = bases.rules(vllm.__version__)
     d = role_defaults()
     root = Path(tempfile.mkdtemp(prefix="memory_fit_"))
     target, drafter = step_cost.write_models("27b", root)
@@ -264,27 +353,8 @@ def run_fit(out: Path, method: str, mamba_ssm_dtype: str | None) -> int:
         config = json.loads((target / "config.json").read_text())
         config["text_config"]["mamba_ssm_dtype"] = mamba_ssm_dtype
         (target / "config.json").write_text(json.dumps(config, indent=1))
-    depth = int(d["shared_settings_num_speculative_tokens"])
-    budget = int(d["shared_settings_ddtree_budget"]) if method == "ddtree" else depth
-    seqs, tokens = int(d["service_swap_max_num_seqs"]), int(d["service_swap_max_num_batched_tokens"])
-    spec: dict = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": depth}
-    compilation: dict = {}
-    if method == "ddtree":
-        spec.update(method="ddtree", ddtree_budget=budget)
-        compilation = {"cudagraph_capture_sizes": step_cost.ddtree_cudagraph_sizes(seqs, budget, tokens)}
-    llm = LLM(
-        model=str(target),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        max_model_len=int(d["service_swap_max_model_len"]),
-        max_num_seqs=seqs,
-        max_num_batched_tokens=tokens,
-        enable_prefix_caching=False,
-        gpu_memory_utilization=float(d["shared_settings_gpu_memory_utilization"]),
-        speculative_config=spec,
-        compilation_config=compilation,
-        **step_cost.shape_engine_args("27b"),
-    )
+    settings = fit_settings(d, method)
+    llm = LLM(**fit_engine_args(d, method, target, drafter))
 
     def figures(worker):
         from vllm.v1.core.kv_cache_utils import _max_memory_usage_bytes_from_groups
@@ -309,41 +379,23 @@ def run_fit(out: Path, method: str, mamba_ssm_dtype: str | None) -> int:
 
     measured = llm.collective_rpc(figures)[0]
     _free, total = torch.cuda.mem_get_info()
-    smi_mib = nvidia_smi_total_mib() or total // mf.MIB
+    smi_mib = nvidia_smi_total_mib() or total // mib
     target_cfg = json.loads((target / "config.json").read_text())
     drafter_cfg = json.loads((drafter / "config.json").read_text())
-    # The weights are an input of the fit (safetensors headers on a node); here vLLM's own figure, split
-    # between target and drafter by their shapes does not matter: only the sum is subtracted.
-    fit = mf.memory_fit(
-        target_cfg,
-        drafter_cfg,
-        target_weights=measured["weights_bytes"],
-        drafter_weights=0,
-        gpu_memory_mib=smi_mib,
-        gpu_memory_utilization=float(d["shared_settings_gpu_memory_utilization"]),
-        tensor_parallel_size=1,
-        max_model_len=int(d["service_swap_max_model_len"]),
-        max_num_seqs=seqs,
-        max_num_batched_tokens=tokens,
-        spec_tokens=budget,
-        depth=depth,
-        ddtree=method == "ddtree",
-        reserve_mib=int(d["service_swap_fit_reserve_mib"]),
-    )
-    predicted = {
-        "budget_bytes": fit.budget,
-        "profile_bytes": fit.profile,
-        "reserve_bytes": fit.reserve,
-        "kv_available_bytes": fit.kv_available,
-        "request_bytes": fit.request,
-        "fits": fit.fits,
-    }
+    predicted = fit_prediction(target_cfg, drafter_cfg, measured, d, method, smi_mib, base=base)
     gpu = torch.cuda.get_device_name(0)
     record = {
-        "hardware": f"{gpu}, {smi_mib} MiB (nvidia-smi, what the role reads), {total // mf.MIB} MiB (torch)",
+        "hardware": f"{gpu}, {smi_mib} MiB (nvidia-smi, what the role reads), {total // mib} MiB (torch)",
         "command": f"python3 -m ddtree.gpu.memory_profile_check fit OUT --method {method}"
         + (f" --mamba-ssm-dtype {mamba_ssm_dtype}" if mamba_ssm_dtype else ""),
-        "settings": {**d, "method": method, "budget": budget, "tensor_parallel_size": 1},
+        "settings": {
+            **d,
+            "method": method,
+            "budget": settings["budget"],
+            "tensor_parallel_size": 1,
+            "vllm": vllm.__version__,
+            "base": base.release,
+        },
         "measured": measured,
         "predicted": predicted,
         "checks": fit_checks(measured, predicted),
