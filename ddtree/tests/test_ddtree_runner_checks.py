@@ -1,4 +1,5 @@
-"""What the patched vLLM 0.20.1 runner checks at start-up before DDTree may compact a target's caches.
+"""What the patched vLLM 0.20.1 runner checks at start-up before DDTree may compact a target's caches, and
+that it tells the DDTree runtime which requests finished.
 
 The runner's own methods, taken from the real wheel's gpu_model_runner.py as the change set leaves it
 and run on stand-in runners (a GPU runner cannot be built here): a target attention layer that is not
@@ -129,3 +130,40 @@ def test_both_checks_run_where_vllm_allocates_its_kv_caches(runner_source):
     }
     assert line["_get_ddtree_kv_caches"] > line["initialize_kv_cache_tensors"]
     assert line["_get_ddtree_recurrent_groups"] > line["initialize_kv_cache_tensors"]
+
+
+class _FinishedHandled(Exception):
+    """Raised by the stand-in runner once the finished requests are handled: the rest of
+    ``_update_states`` (the persistent batch, new requests) needs a real runner."""
+
+
+def update_states_until_finished_handled(source: str, ddtree, finished: set[str]) -> dict:
+    from collections.abc import Callable
+
+    update_states = release_files.method(source, "GPUModelRunner", "_update_states", {"Callable": Callable})
+
+    def stop(req_ids):
+        raise _FinishedHandled
+
+    r = SimpleNamespace(
+        requests={rid: object() for rid in ("a", "b")},
+        num_prompt_logprobs={},
+        ddtree=ddtree,
+        late_interaction_runner=SimpleNamespace(on_requests_finished=stop),
+    )
+    with pytest.raises(_FinishedHandled):
+        update_states(r, SimpleNamespace(finished_req_ids=finished))
+    return r.requests
+
+
+def test_the_runner_makes_the_runtime_forget_the_trees_of_finished_requests(runner_source, dd):
+    """Where vLLM drops a finished request's state, the runtime drops its tree: else it would wait
+    (and be copied to the device) at every later tree build."""
+    import torch
+
+    rt = dd.DDTreeRuntime(budget=4, depth=2, device=torch.device("cpu"), max_num_reqs=4, max_num_tokens=16)
+    rt.build(torch.randn(2, 2, 8), ["a", "b"])
+    requests = update_states_until_finished_handled(runner_source, rt, {"a"})
+    assert list(requests) == ["b"]
+    assert list(rt._stored.req_index) == ["b"]
+    update_states_until_finished_handled(runner_source, None, {"a"})  # the chain: no runtime to tell

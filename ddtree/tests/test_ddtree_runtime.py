@@ -7,6 +7,7 @@ the compaction of the accepted path. vLLM itself is replaced by ddtree/tests/vll
 
 from __future__ import annotations
 
+import sys
 import weakref
 from dataclasses import dataclass, field
 
@@ -353,6 +354,57 @@ def test_kept_trees_are_bounded_by_one_batch(dd):
     rt.build(DRAFT_LOGITS[:1], ["c"])
     assert list(rt._stored.req_index) == ["c", "a"]  # b's tree is dropped: one batch of waiting trees
     assert rt._stored.parent.shape[0] == 2
+
+
+def build_copies(dd, monkeypatch) -> list[list[int]]:
+    """The host lists the runtime module itself turns into device tensors (its ``torch.tensor``
+    calls with a device): in ``build`` only the rows of waiting trees, a copy that makes the host
+    wait for the GPU's queue."""
+    copies: list[list[int]] = []
+    real = torch.tensor
+
+    def tensor(data, *args, **kwargs):
+        if "device" in kwargs and sys._getframe(1).f_code.co_filename == dd.__file__:
+            copies.append(list(data))
+        return real(data, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", tensor)
+    return copies
+
+
+def test_a_finished_request_leaves_no_tree_behind_and_the_build_copies_nothing(dd, monkeypatch):
+    step = Step(dd)  # trees of a and b built
+    copies = build_copies(dd, monkeypatch)
+    step.rt.forget_requests(["a"])  # the runner: a finished
+    step.rt.build(DRAFT_LOGITS[1:], ["b"])
+    assert list(step.rt._stored.req_index) == ["b"]
+    assert step.rt._stored.parent.shape[0] == 1
+    assert copies == []
+    for _ in range(3):  # and so every later step
+        step.rt.build(DRAFT_LOGITS[1:], ["b"])
+    assert list(step.rt._stored.req_index) == ["b"]
+    assert copies == []
+    step.prepare()  # were a to come back with drafts (never: it finished), it would find no tree
+    assert step.rt._step.has_tree.tolist() == [True, False, False]
+
+
+def test_a_skipped_request_keeps_its_tree_while_a_finished_one_is_forgotten(dd, monkeypatch):
+    step = Step(dd)  # trees of a and b built
+    copies = build_copies(dd, monkeypatch)
+    step.rt.forget_requests(["b", "gone"])  # b finished; an id the runtime never saw is ignored
+    step.rt.build(DRAFT_LOGITS[1:], ["c"])  # a was skipped: it waits
+    assert list(step.rt._stored.req_index) == ["c", "a"]
+    assert copies == [[0]]  # a's row, and only it
+    step.prepare(req_ids=("c", "x", "a"))  # a comes back with its own tree
+    assert step.rt._step.has_tree.tolist() == [True, False, True]
+    assert step.rt._step.parent.tolist()[2] == [-1, 0, -1, 2]
+    assert step.rt._stored.tokens.tolist()[1] == step.tokens[0]
+
+
+def test_forgetting_before_any_build_changes_nothing(dd):
+    rt = dd.DDTreeRuntime(budget=4, depth=2, device=torch.device("cpu"), max_num_reqs=4, max_num_tokens=16)
+    rt.forget_requests(["a"])
+    assert rt._stored is None
 
 
 @pytest.mark.parametrize("drafts_a", [4, 2])  # 2: the scheduler cut a's drafts (token budget, max_model_len)

@@ -38,9 +38,10 @@ same depth-based positions in all three position rows.
 Trees are kept per request id between steps, so requests may join, leave or
 be reordered; under async scheduling a request the scheduler skipped for a
 step comes back with placeholder drafts, which ``prepare_step`` replaces with
-its stored tree's tokens. Requests with draft tokens but no tree (their drafter
-block did not fit before max_model_len) verify nothing and still get their
-bonus token.
+its stored tree's tokens. A finished request's tree is dropped when the runner
+reports it (``forget_requests``). Requests with draft tokens but no tree (their
+drafter block did not fit before max_model_len) verify nothing and still get
+their bonus token.
 Requests that ask for what trees cannot give as the target alone would
 (logprobs, structured outputs, penalties, bad words, min_tokens, a seed when
 sampling) are refused when they arrive, with the reason (``unsupported_request``).
@@ -275,7 +276,8 @@ class DDTreeRuntime:
         rejected next step. The trees of requests this step left out (the
         scheduler skipped them, their drafts wait) are kept, up to one batch of
         them, so that such a request is verified against its own tree when it
-        comes back."""
+        comes back; finished requests are no longer among them
+        (``forget_requests``)."""
         trees = build_trees(draft_logits, self.budget)
         num_reqs = draft_logits.shape[0]
         index = {rid: i for i, rid in enumerate(req_ids[:num_reqs])}
@@ -332,6 +334,15 @@ class DDTreeRuntime:
     def forget_trees(self) -> None:
         """Drafting was skipped: the next step's drafts (if any) carry no tree."""
         self._stored = None
+
+    def forget_requests(self, req_ids) -> None:
+        """These requests finished: drop their stored trees. The runner calls this with the
+        scheduler's finished request ids, so ``build`` carries (and copies to the device) only
+        the trees of requests that are really waiting, never those of requests that are gone.
+        Only the index entries go; the other requests' rows stay where they are."""
+        if self._stored is not None:
+            for rid in req_ids:
+                self._stored.req_index.pop(rid, None)
 
     # ------------------------------------------------------------------
     # Verification: positions and attention bias
