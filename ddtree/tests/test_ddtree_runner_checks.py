@@ -137,7 +137,9 @@ class _FinishedHandled(Exception):
     ``_update_states`` (the persistent batch, new requests) needs a real runner."""
 
 
-def update_states_until_finished_handled(source: str, ddtree, finished: set[str]) -> dict:
+def update_states_until_finished_handled(
+    source: str, ddtree, finished: set[str], preempted: set[str] | None = None
+) -> dict:
     from collections.abc import Callable
 
     update_states = release_files.method(source, "GPUModelRunner", "_update_states", {"Callable": Callable})
@@ -146,13 +148,13 @@ def update_states_until_finished_handled(source: str, ddtree, finished: set[str]
         raise _FinishedHandled
 
     r = SimpleNamespace(
-        requests={rid: object() for rid in ("a", "b")},
+        requests={rid: object() for rid in ("a", "b", "c")},
         num_prompt_logprobs={},
         ddtree=ddtree,
         late_interaction_runner=SimpleNamespace(on_requests_finished=stop),
     )
     with pytest.raises(_FinishedHandled):
-        update_states(r, SimpleNamespace(finished_req_ids=finished))
+        update_states(r, SimpleNamespace(finished_req_ids=finished, preempted_req_ids=preempted))
     return r.requests
 
 
@@ -162,8 +164,21 @@ def test_the_runner_makes_the_runtime_forget_the_trees_of_finished_requests(runn
     import torch
 
     rt = dd.DDTreeRuntime(budget=4, depth=2, device=torch.device("cpu"), max_num_reqs=4, max_num_tokens=16)
-    rt.build(torch.randn(2, 2, 8), ["a", "b"])
+    rt.build(torch.randn(3, 2, 8), ["a", "b", "c"])
     requests = update_states_until_finished_handled(runner_source, rt, {"a"})
-    assert list(requests) == ["b"]
-    assert list(rt._stored.req_index) == ["b"]
+    assert list(requests) == ["b", "c"]
+    assert list(rt._stored.req_index) == ["b", "c"]
     update_states_until_finished_handled(runner_source, None, {"a"})  # the chain: no runtime to tell
+
+
+def test_the_runner_makes_the_runtime_forget_the_trees_of_preempted_requests(runner_source, dd):
+    """A preempted request resumes through a prefill, without drafts, and gets a new tree: its old
+    one would only wait (and be copied) at every tree build until then. vLLM keeps its state."""
+    import torch
+
+    rt = dd.DDTreeRuntime(budget=4, depth=2, device=torch.device("cpu"), max_num_reqs=4, max_num_tokens=16)
+    rt.build(torch.randn(3, 2, 8), ["a", "b", "c"])
+    requests = update_states_until_finished_handled(runner_source, rt, set(), {"c"})
+    assert list(requests) == ["a", "b", "c"]
+    assert list(rt._stored.req_index) == ["a", "b"]
+    update_states_until_finished_handled(runner_source, rt, set(), None)  # vLLM sends None when none was

@@ -357,14 +357,16 @@ def test_kept_trees_are_bounded_by_one_batch(dd):
 
 
 def build_copies(dd, monkeypatch) -> list[list[int]]:
-    """The host lists the runtime module itself turns into device tensors (its ``torch.tensor``
-    calls with a device): in ``build`` only the rows of waiting trees, a copy that makes the host
-    wait for the GPU's queue."""
+    """The host lists the runtime module itself turns into tensors (its ``torch.tensor`` calls): in
+    ``build`` only the rows of waiting trees, copied to the device. Made with a device, such a
+    tensor is a copy from pageable memory, which makes the host wait for the GPU's queue: the
+    module must build it on the host and move it without blocking (so none here has a device)."""
     copies: list[list[int]] = []
     real = torch.tensor
 
     def tensor(data, *args, **kwargs):
-        if "device" in kwargs and sys._getframe(1).f_code.co_filename == dd.__file__:
+        if sys._getframe(1).f_code.co_filename == dd.__file__:
+            assert "device" not in kwargs, "a host list copied from pageable memory: the host waits for the GPU"
             copies.append(list(data))
         return real(data, *args, **kwargs)
 

@@ -289,7 +289,12 @@ class DDTreeRuntime:
             waiting = [(rid, i) for rid, i in old.req_index.items() if rid not in index]
             waiting = waiting[: self.attn_bias.shape[0]]
             if waiting:
-                rows = torch.tensor([i for _, i in waiting], device=parent.device)
+                # From pinned memory, not blocking: a copy from pageable memory makes the host wait
+                # for the GPU queue (here, the drafter's work) before it can prepare the next step.
+                rows = torch.tensor([i for _, i in waiting])
+                if parent.device.type == "cuda":
+                    rows = rows.pin_memory()
+                rows = rows.to(parent.device, non_blocking=True)
                 tokens = torch.cat([tokens, old.tokens.index_select(0, rows)])
                 drafted = torch.cat([drafted, old.drafted.index_select(0, rows)])
                 parent = torch.cat([parent, old.parent.index_select(0, rows)])
