@@ -32,7 +32,8 @@ FIX_AUX_LAYER_OFFSET = "aux_layer_offset"
 FIX_SLIDING_DRAFTER = "sliding_drafter"
 FIX_DDTREE = "ddtree"
 FIX_HYBRID_TREE = "hybrid_tree"  # branch-local Gated DeltaNet state, so trees run on hybrids
-PATCH_FIXES = (FIX_AUX_LAYER_OFFSET, FIX_SLIDING_DRAFTER, FIX_DDTREE, FIX_HYBRID_TREE)
+FIX_PROMPT_AS_DECODE = "prompt_as_decode"  # a prompt shaped like a verification step is no decode step
+PATCH_FIXES = (FIX_AUX_LAYER_OFFSET, FIX_SLIDING_DRAFTER, FIX_DDTREE, FIX_HYBRID_TREE, FIX_PROMPT_AS_DECODE)
 
 # Which releases ddtree_patch has a change set for, and what each fixes, are the DDTree engine's
 # base descriptors (ddtree/vllm-<release>/base.json "fixes"), not this table: the caller passes them
@@ -130,6 +131,19 @@ BUGS: dict[str, KnownBug] = {
             (),
         ),
         KnownBug(
+            "prompt_as_decode",
+            "the V1 model runner calls a batch a uniform decode from its shape alone, so a prompt (or prompt "
+            "chunk) of exactly num_speculative_tokens + 1 tokens replays the FULL CUDA graph captured for "
+            "verification, where a Gated DeltaNet hybrid target loses that request's recurrent state: garbage "
+            "output, no error (seen on 0.20.1 on an H100, reported upstream on 0.25.1, 0.27.2rc1 and 0.29.0; "
+            "the same runner and GDN builder code read in every wheel from 0.20.0 to 0.33.0)",
+            (
+                "vllm-project/vllm#49918 (open)",
+                "vllm-project/vllm#53059 (fix, open)",
+                "vllm-project/vllm#47123 (fix, open)",
+            ),
+        ),
+        KnownBug(
             "gdn_spec_8_tokens",
             "the fused GDN speculative kernel covers at most 8 query tokens (num_speculative_tokens <= 7)",
             (),
@@ -137,7 +151,7 @@ BUGS: dict[str, KnownBug] = {
     )
 }
 
-_DFLASH_BUGS_BEFORE_030 = ("gdn_prefix_caching", "fa3_aot_cuda_graphs")
+_DFLASH_BUGS_BEFORE_030 = ("gdn_prefix_caching", "prompt_as_decode", "fa3_aot_cuda_graphs")
 
 RELEASES: tuple[Release, ...] = (
     Release(
@@ -244,7 +258,7 @@ RELEASES: tuple[Release, ...] = (
         aux_offset_fixed=True,
         sliding=SLIDING_V2_RUNNER,
         tree_attention=False,
-        bugs=("gdn_spec_8_tokens", "gdn_prefix_caching"),
+        bugs=("gdn_spec_8_tokens", "gdn_prefix_caching", "prompt_as_decode"),
         verified=("0.30.0", "0.31.0", "0.32.0"),
     ),
     Release(
@@ -255,7 +269,7 @@ RELEASES: tuple[Release, ...] = (
         aux_offset_fixed=True,
         sliding=SLIDING_V2_RUNNER,
         tree_attention=False,
-        bugs=("gdn_spec_8_tokens", "gdn_prefix_caching"),
+        bugs=("gdn_spec_8_tokens", "gdn_prefix_caching", "prompt_as_decode"),
         verified=("0.33.0",),
     ),
 )
@@ -333,6 +347,33 @@ def _warn(code: str, message: str) -> Finding:
 
 def _note(code: str, message: str) -> Finding:
     return Finding(LEVEL_NOTE, code, message)
+
+
+def _prompt_as_decode(req: Request) -> Finding:
+    """A hybrid target on a release whose runner takes a step-shaped prompt for a verification step."""
+    if FIX_PROMPT_AS_DECODE in req.patch_fixes:
+        return _note(
+            "prompt-as-decode-patched",
+            f"vLLM {req.version} replays a prompt exactly as long as one verification step through the FULL "
+            "CUDA graph captured for verification, which loses a Gated DeltaNet hybrid target's recurrent "
+            "state for that request (vllm-project/vllm#49918); ddtree_patch fixes it here, so ddtree_patch "
+            "must run before the service starts",
+        )
+    if req.method == METHOD_DDTREE:
+        length = "the DDTree budget + 1 tokens"
+    elif req.num_speculative_tokens is not None:
+        length = f"{req.num_speculative_tokens + 1} tokens (num_speculative_tokens + 1)"
+    else:
+        length = "num_speculative_tokens + 1 tokens"
+    pick = f"pick {patched(req)}, which fixes it, or " if req.patch_releases else ""
+    return _warn(
+        "prompt-as-decode",
+        f"vLLM {req.version} takes a prompt (or prompt chunk) of exactly {length} for a verification step "
+        "and replays it through the FULL CUDA graph captured for verification, where this hybrid target's "
+        "Gated DeltaNet layers lose that request's recurrent state: its output is garbage, without an error "
+        f"(vllm-project/vllm#49918, no fix released); {pick}serve without full CUDA graphs "
+        '(service_swap_extra_args: ["--compilation-config.cudagraph_mode", "PIECEWISE"])',
+    )
 
 
 def evaluate(req: Request) -> list[Finding]:
@@ -507,6 +548,9 @@ def evaluate(req: Request) -> list[Finding]:
                 "(service_swap_prefix_caching: auto)",
             )
         )
+
+    if req.hybrid_target and "prompt_as_decode" in row.bugs:
+        findings.append(_prompt_as_decode(req))
 
     if "fa3_aot_cuda_graphs" in row.bugs:
         findings.append(
