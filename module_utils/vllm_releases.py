@@ -13,6 +13,7 @@ Standard library only: it runs on the controller and on managed nodes.
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -698,6 +699,48 @@ def detect_features(read: Callable[[str], str | None], metadata: str | None) -> 
         sliding=sliding,
         tree_attention=tree,
     )
+
+
+_RUNNER = "vllm/v1/worker/gpu_model_runner.py"
+_GDN_BUILDER = "vllm/v1/attention/backends/gdn_attn.py"
+# _is_uniform_decode: ``max_num_scheduled_tokens == uniform_decode_query_len and num_tokens == ...``
+_SHAPE_ONLY_RE = re.compile(r"max_num_scheduled_tokens\s*==\s*uniform_decode_query_len")
+# The GDN builder fills the FULL graph's persistent state indices for pure spec-decode batches only.
+_GDN_DECODE_ONLY_RE = re.compile(
+    r"self\.use_full_cuda_graph\s+and\s+num_prefills\s*==\s*0\s+and\s+num_decodes\s*==\s*0"
+)
+
+
+def detect_prompt_as_decode(read: Callable[[str], str | None]) -> bool | None:
+    """Whether a release's files show the ``prompt_as_decode`` bug; None where the V1 runner or the
+    GDN metadata builder is absent.
+
+    True when ``_is_uniform_decode`` decides on the batch's shape, ``execute_model``'s one dispatch
+    decision passes no ``force_uniform_decode`` of its own (this project's change set and the upstream
+    fix PRs pass one) and the GDN builder refreshes the FULL graph's state indices for decode batches
+    only. ``read`` is as for ``detect_features``.
+    """
+    runner, builder = read(_RUNNER), read(_GDN_BUILDER)
+    if runner is None or builder is None:
+        return None
+    shape_only = False
+    overridden = True
+    for node in ast.walk(ast.parse(runner)):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        if node.name == "_is_uniform_decode":
+            shape_only = _SHAPE_ONLY_RE.search(ast.unparse(node)) is not None
+        elif node.name == "execute_model":
+            keywords = [
+                kw.arg
+                for call in ast.walk(node)
+                if isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "_determine_batch_execution_and_padding"
+                for kw in call.keywords
+            ]
+            overridden = not keywords or "force_uniform_decode" in keywords
+    return shape_only and not overridden and _GDN_DECODE_ONLY_RE.search(builder) is not None
 
 
 def compare_with_row(detected: Detected, row: Release) -> list[str]:

@@ -8,6 +8,7 @@ from ansible.module_utils.vllm_releases import (
     Request,
     compare_with_row,
     detect_features,
+    detect_prompt_as_decode,
     evaluate,
     find_release,
     metadata_torch_pin,
@@ -435,6 +436,62 @@ def test_a_missing_symbol_means_no_dflash() -> None:
     files = dict(DFLASH_FILES)
     files["vllm/v1/spec_decode/dflash.py"] = "# emptied\n"
     assert detect_features(_tree(files), None).dflash is False
+
+
+# The shape of 0.20.1's files (gpu_model_runner.py, gdn_attn.py), cut down to what the detector reads.
+RUNNER_0201 = """
+class GPUModelRunner:
+    @staticmethod
+    def _is_uniform_decode(max_num_scheduled_tokens, uniform_decode_query_len, num_tokens, num_reqs,
+                           force_uniform_decode=None):
+        return (
+            (max_num_scheduled_tokens == uniform_decode_query_len)
+            and (num_tokens == max_num_scheduled_tokens * num_reqs)
+        ) if force_uniform_decode is None else force_uniform_decode
+
+    def execute_model(self, scheduler_output):
+        self._determine_batch_execution_and_padding(
+            num_tokens=num_tokens_unpadded,
+            num_reqs=num_reqs,
+            max_num_scheduled_tokens=max_num_scheduled_tokens,
+        )
+"""
+GDN_0201 = """
+        if (
+            self.use_full_cuda_graph
+            and num_prefills == 0
+            and num_decodes == 0
+            and num_spec_decodes <= self.decode_cudagraph_max_bs
+        ):
+            self.spec_state_indices_tensor[:num_spec_decodes].copy_(spec_state_indices_tensor)
+"""
+PROMPT_FILES = {"vllm/v1/worker/gpu_model_runner.py": RUNNER_0201, "vllm/v1/attention/backends/gdn_attn.py": GDN_0201}
+
+
+def test_detect_the_prompt_as_decode_bug() -> None:
+    assert detect_prompt_as_decode(_tree(PROMPT_FILES)) is True
+
+
+def test_a_dispatch_that_decides_itself_shows_no_prompt_as_decode_bug() -> None:
+    # What the change set (and the upstream fix PRs) do: execute_model passes its own answer.
+    files = dict(PROMPT_FILES)
+    files["vllm/v1/worker/gpu_model_runner.py"] = RUNNER_0201.replace(
+        "            max_num_scheduled_tokens=max_num_scheduled_tokens,\n",
+        "            max_num_scheduled_tokens=max_num_scheduled_tokens,\n"
+        "            force_uniform_decode=self._ddtree_uniform_decode(spec_decode_metadata, num_reqs),\n",
+    )
+    assert detect_prompt_as_decode(_tree(files)) is False
+
+
+def test_a_gdn_builder_that_refreshes_every_batch_shows_no_prompt_as_decode_bug() -> None:
+    files = dict(PROMPT_FILES)
+    files["vllm/v1/attention/backends/gdn_attn.py"] = GDN_0201.replace("            and num_decodes == 0\n", "")
+    assert detect_prompt_as_decode(_tree(files)) is False
+
+
+def test_prompt_as_decode_needs_the_runner_and_the_builder() -> None:
+    assert detect_prompt_as_decode(_tree({})) is None
+    assert detect_prompt_as_decode(_tree({"vllm/v1/worker/gpu_model_runner.py": RUNNER_0201})) is None
 
 
 def test_torch_pin_with_marker() -> None:
