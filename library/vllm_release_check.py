@@ -43,7 +43,7 @@ options:
   patch_fixes:
     description:
       - What ddtree_patch's change set fixes in this release (C(aux_layer_offset), C(sliding_drafter),
-        C(ddtree), C(hybrid_tree)), as the C(fixes) of its base descriptor ddtree/vllm-<release>/base.json
+        C(ddtree), C(hybrid_tree), C(prompt_as_decode)), as the C(fixes) of its base descriptor ddtree/vllm-<release>/base.json
         list them (vllm_install passes them). Counted only when O(ddtree_patch) is true.
     type: list
     elements: str
@@ -74,7 +74,7 @@ EXAMPLES = r"""
     hybrid_target: true
     sliding_drafter: true
     ddtree_patch: true
-    patch_fixes: [aux_layer_offset, sliding_drafter, ddtree, hybrid_tree]
+    patch_fixes: [aux_layer_offset, sliding_drafter, ddtree, hybrid_tree, prompt_as_decode]
     ddtree_bases: ["0.20.1"]
 
 - name: Only report (check mode changes nothing either way)

@@ -13,6 +13,7 @@ Standard library only: it runs on the controller and on managed nodes.
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +33,8 @@ FIX_AUX_LAYER_OFFSET = "aux_layer_offset"
 FIX_SLIDING_DRAFTER = "sliding_drafter"
 FIX_DDTREE = "ddtree"
 FIX_HYBRID_TREE = "hybrid_tree"  # branch-local Gated DeltaNet state, so trees run on hybrids
-PATCH_FIXES = (FIX_AUX_LAYER_OFFSET, FIX_SLIDING_DRAFTER, FIX_DDTREE, FIX_HYBRID_TREE)
+FIX_PROMPT_AS_DECODE = "prompt_as_decode"  # a prompt shaped like a verification step is no decode step
+PATCH_FIXES = (FIX_AUX_LAYER_OFFSET, FIX_SLIDING_DRAFTER, FIX_DDTREE, FIX_HYBRID_TREE, FIX_PROMPT_AS_DECODE)
 
 # Which releases ddtree_patch has a change set for, and what each fixes, are the DDTree engine's
 # base descriptors (ddtree/vllm-<release>/base.json "fixes"), not this table: the caller passes them
@@ -130,6 +132,19 @@ BUGS: dict[str, KnownBug] = {
             (),
         ),
         KnownBug(
+            "prompt_as_decode",
+            "the V1 model runner calls a batch a uniform decode from its shape alone, so a prompt (or prompt "
+            "chunk) of exactly num_speculative_tokens + 1 tokens replays the FULL CUDA graph captured for "
+            "verification, where a Gated DeltaNet hybrid target loses that request's recurrent state: garbage "
+            "output, no error (seen on 0.20.1 on an H100, reported upstream on 0.25.1, 0.27.2rc1 and 0.29.0; "
+            "the same runner and GDN builder code read in every wheel from 0.20.0 to 0.33.0)",
+            (
+                "vllm-project/vllm#49918 (open)",
+                "vllm-project/vllm#53059 (fix, open)",
+                "vllm-project/vllm#47123 (fix, open)",
+            ),
+        ),
+        KnownBug(
             "gdn_spec_8_tokens",
             "the fused GDN speculative kernel covers at most 8 query tokens (num_speculative_tokens <= 7)",
             (),
@@ -137,7 +152,7 @@ BUGS: dict[str, KnownBug] = {
     )
 }
 
-_DFLASH_BUGS_BEFORE_030 = ("gdn_prefix_caching", "fa3_aot_cuda_graphs")
+_DFLASH_BUGS_BEFORE_030 = ("gdn_prefix_caching", "prompt_as_decode", "fa3_aot_cuda_graphs")
 
 RELEASES: tuple[Release, ...] = (
     Release(
@@ -244,7 +259,7 @@ RELEASES: tuple[Release, ...] = (
         aux_offset_fixed=True,
         sliding=SLIDING_V2_RUNNER,
         tree_attention=False,
-        bugs=("gdn_spec_8_tokens", "gdn_prefix_caching"),
+        bugs=("gdn_spec_8_tokens", "gdn_prefix_caching", "prompt_as_decode"),
         verified=("0.30.0", "0.31.0", "0.32.0"),
     ),
     Release(
@@ -255,7 +270,7 @@ RELEASES: tuple[Release, ...] = (
         aux_offset_fixed=True,
         sliding=SLIDING_V2_RUNNER,
         tree_attention=False,
-        bugs=("gdn_spec_8_tokens", "gdn_prefix_caching"),
+        bugs=("gdn_spec_8_tokens", "gdn_prefix_caching", "prompt_as_decode"),
         verified=("0.33.0",),
     ),
 )
@@ -333,6 +348,33 @@ def _warn(code: str, message: str) -> Finding:
 
 def _note(code: str, message: str) -> Finding:
     return Finding(LEVEL_NOTE, code, message)
+
+
+def _prompt_as_decode(req: Request) -> Finding:
+    """A hybrid target on a release whose runner takes a step-shaped prompt for a verification step."""
+    if FIX_PROMPT_AS_DECODE in req.patch_fixes:
+        return _note(
+            "prompt-as-decode-patched",
+            f"vLLM {req.version} replays a prompt exactly as long as one verification step through the FULL "
+            "CUDA graph captured for verification, which loses a Gated DeltaNet hybrid target's recurrent "
+            "state for that request (vllm-project/vllm#49918); ddtree_patch fixes it here, so ddtree_patch "
+            "must run before the service starts",
+        )
+    if req.method == METHOD_DDTREE:
+        length = "the DDTree budget + 1 tokens"
+    elif req.num_speculative_tokens is not None:
+        length = f"{req.num_speculative_tokens + 1} tokens (num_speculative_tokens + 1)"
+    else:
+        length = "num_speculative_tokens + 1 tokens"
+    pick = f"pick {patched(req)}, which fixes it, or " if req.patch_releases else ""
+    return _warn(
+        "prompt-as-decode",
+        f"vLLM {req.version} takes a prompt (or prompt chunk) of exactly {length} for a verification step "
+        "and replays it through the FULL CUDA graph captured for verification, where this hybrid target's "
+        "Gated DeltaNet layers lose that request's recurrent state: its output is garbage, without an error "
+        f"(vllm-project/vllm#49918, no fix released); {pick}serve without full CUDA graphs "
+        '(service_swap_extra_args: ["--compilation-config.cudagraph_mode", "PIECEWISE"])',
+    )
 
 
 def evaluate(req: Request) -> list[Finding]:
@@ -508,6 +550,9 @@ def evaluate(req: Request) -> list[Finding]:
             )
         )
 
+    if req.hybrid_target and "prompt_as_decode" in row.bugs:
+        findings.append(_prompt_as_decode(req))
+
     if "fa3_aot_cuda_graphs" in row.bugs:
         findings.append(
             _note(
@@ -654,6 +699,48 @@ def detect_features(read: Callable[[str], str | None], metadata: str | None) -> 
         sliding=sliding,
         tree_attention=tree,
     )
+
+
+_RUNNER = "vllm/v1/worker/gpu_model_runner.py"
+_GDN_BUILDER = "vllm/v1/attention/backends/gdn_attn.py"
+# _is_uniform_decode: ``max_num_scheduled_tokens == uniform_decode_query_len and num_tokens == ...``
+_SHAPE_ONLY_RE = re.compile(r"max_num_scheduled_tokens\s*==\s*uniform_decode_query_len")
+# The GDN builder fills the FULL graph's persistent state indices for pure spec-decode batches only.
+_GDN_DECODE_ONLY_RE = re.compile(
+    r"self\.use_full_cuda_graph\s+and\s+num_prefills\s*==\s*0\s+and\s+num_decodes\s*==\s*0"
+)
+
+
+def detect_prompt_as_decode(read: Callable[[str], str | None]) -> bool | None:
+    """Whether a release's files show the ``prompt_as_decode`` bug; None where the V1 runner or the
+    GDN metadata builder is absent.
+
+    True when ``_is_uniform_decode`` decides on the batch's shape, ``execute_model``'s one dispatch
+    decision passes no ``force_uniform_decode`` of its own (this project's change set and the upstream
+    fix PRs pass one) and the GDN builder refreshes the FULL graph's state indices for decode batches
+    only. ``read`` is as for ``detect_features``.
+    """
+    runner, builder = read(_RUNNER), read(_GDN_BUILDER)
+    if runner is None or builder is None:
+        return None
+    shape_only = False
+    overridden = True
+    for node in ast.walk(ast.parse(runner)):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        if node.name == "_is_uniform_decode":
+            shape_only = _SHAPE_ONLY_RE.search(ast.unparse(node)) is not None
+        elif node.name == "execute_model":
+            keywords = [
+                kw.arg
+                for call in ast.walk(node)
+                if isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "_determine_batch_execution_and_padding"
+                for kw in call.keywords
+            ]
+            overridden = not keywords or "force_uniform_decode" in keywords
+    return shape_only and not overridden and _GDN_DECODE_ONLY_RE.search(builder) is not None
 
 
 def compare_with_row(detected: Detected, row: Release) -> list[str]:

@@ -42,6 +42,17 @@ def test_the_fixes_are_ones_the_release_check_knows(release: str) -> None:
     assert set(fixes) <= set(releases.PATCH_FIXES)
 
 
+def test_what_the_0201_change_set_fixes() -> None:
+    # Each one proven by the CPU tests beside it (prompt_as_decode: test_uniform_decode_alias.py).
+    assert bases.load("0.20.1")["fixes"] == [
+        "aux_layer_offset",
+        "sliding_drafter",
+        "ddtree",
+        "hybrid_tree",
+        "prompt_as_decode",
+    ]
+
+
 @pytest.mark.parametrize("release", RELEASES)
 def test_the_rules_read_and_are_the_ones_service_swap_renders(release: str) -> None:
     rules = bases.rules(release)

@@ -36,7 +36,7 @@ WHEELS = Path(os.environ.get("DFLASH_LAB_WHEELS", "/var/cache/dflash-lab/wheels"
 
 # What vllm_install passes for the engine's one base (ddtree/vllm-0.20.1/base.json).
 BASE_0201 = {
-    "patch_fixes": ["aux_layer_offset", "sliding_drafter", "ddtree", "hybrid_tree"],
+    "patch_fixes": ["aux_layer_offset", "sliding_drafter", "ddtree", "hybrid_tree", "prompt_as_decode"],
     "ddtree_bases": ["0.20.1"],
 }
 
@@ -73,9 +73,10 @@ def test_release_check_passes_the_projects_deployment_with_warnings(capsys) -> N
     assert [f["code"] for f in result["findings"]] == [
         "aux-layer-offset-patched",
         "gdn-prefix-caching",
+        "prompt-as-decode-patched",
         "fa3-aot-cuda-graphs",
     ]
-    assert len(result["notes_found"]) == 3
+    assert len(result["notes_found"]) == 4
     assert result["warnings_found"] == []
     assert result.get("warnings") is None  # module.warn: nothing printed
 
@@ -155,7 +156,7 @@ def test_release_check_rejects_unknown_patch_fixes(capsys) -> None:
     assert failed is True
     assert result["msg"] == (
         "patch_fixes names magic, which ddtree_patch does not fix; use only aux_layer_offset, sliding_drafter, ddtree, "
-        "hybrid_tree"
+        "hybrid_tree, prompt_as_decode"
     )
 
 

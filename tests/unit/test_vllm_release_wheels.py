@@ -14,7 +14,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.vllm_releases import RELEASES, compare_with_row, detect_features, find_release
+from ansible.module_utils.vllm_releases import (
+    RELEASES,
+    compare_with_row,
+    detect_features,
+    detect_prompt_as_decode,
+    find_release,
+)
 
 WHEELS = Path(os.environ.get("DFLASH_LAB_WHEELS", "/var/cache/dflash-lab/wheels"))
 
@@ -49,6 +55,19 @@ def test_knowledge_base_row_matches_wheel(wheel: Path) -> None:
     assert detected.version in row.verified, f"{detected.version} was read but is not listed as verified"
 
 
+@pytest.mark.parametrize("wheel", _wheels(), ids=lambda p: p.name.split("-")[1])
+def test_the_prompt_as_decode_bug_is_on_the_rows_whose_wheels_show_it(wheel: Path) -> None:
+    metadata, read = _read_wheel(wheel)
+    detected = detect_features(read, metadata)
+    row = find_release(detected.version or "")
+    assert row is not None
+    if not row.dflash:
+        pytest.skip(f"{detected.version} has no DFlash")
+    found = detect_prompt_as_decode(read)
+    assert found is not None, f"{detected.version}: no V1 runner or GDN builder"
+    assert ("prompt_as_decode" in row.bugs) == found
+
+
 def test_the_lab_release_is_described_as_read_off_its_wheel() -> None:
     wheel = next((w for w in _wheels() if w.name.startswith("vllm-0.20.1-")), None)
     if wheel is None:
@@ -63,6 +82,7 @@ def test_the_lab_release_is_described_as_read_off_its_wheel() -> None:
         "sliding": "silent_full",
         "tree_attention": True,
     }
+    assert detect_prompt_as_decode(read) is True
 
 
 def test_every_row_names_the_wheels_it_was_read_from() -> None:

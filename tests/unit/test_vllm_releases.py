@@ -8,6 +8,7 @@ from ansible.module_utils.vllm_releases import (
     Request,
     compare_with_row,
     detect_features,
+    detect_prompt_as_decode,
     evaluate,
     find_release,
     metadata_torch_pin,
@@ -18,7 +19,7 @@ from ansible.module_utils.vllm_releases import (
     warnings,
 )
 
-ALL_FIXES = frozenset({"aux_layer_offset", "sliding_drafter", "ddtree", "hybrid_tree"})
+ALL_FIXES = frozenset({"aux_layer_offset", "sliding_drafter", "ddtree", "hybrid_tree", "prompt_as_decode"})
 
 
 def codes(req: Request) -> list[tuple[str, str]]:
@@ -264,6 +265,76 @@ def test_hybrid_target_warns_about_prefix_caching() -> None:
     assert ("note", "gdn-prefix-caching") not in codes(req("0.30.0"))
 
 
+def test_every_release_with_dflash_has_the_prompt_as_decode_bug() -> None:
+    # Read in every wheel from 0.20.0 to 0.33.0 (docs/vllm_install.md); no release fixes it yet.
+    for version in ("0.20.1", "0.21.0", "0.24.0", "0.25.0", "0.26.0", "0.29.0", "0.30.0", "0.33.0"):
+        row = find_release(version)
+        assert row is not None and "prompt_as_decode" in row.bugs, version
+    row = find_release("0.19.1")
+    assert row is not None and "prompt_as_decode" not in row.bugs
+
+
+def test_a_step_shaped_prompt_on_a_hybrid_target_warns_with_the_fix() -> None:
+    findings = evaluate(req("0.30.0", hybrid_target=True, num_speculative_tokens=15))
+    (finding,) = [f for f in findings if f.code == "prompt-as-decode"]
+    assert finding.as_dict() == {
+        "level": "warn",
+        "code": "prompt-as-decode",
+        "message": "vLLM 0.30.0 takes a prompt (or prompt chunk) of exactly 16 tokens (num_speculative_tokens + 1) "
+        "for a verification step and replays it through the FULL CUDA graph captured for verification, where "
+        "this hybrid target's Gated DeltaNet layers lose that request's recurrent state: its output is garbage, "
+        "without an error (vllm-project/vllm#49918, no fix released); pick 0.20.1 with ddtree_patch, which fixes "
+        'it, or serve without full CUDA graphs (service_swap_extra_args: ["--compilation-config.cudagraph_mode", '
+        '"PIECEWISE"])',
+    }
+
+
+def test_a_step_shaped_prompt_warns_on_0201_with_the_patch_off() -> None:
+    assert ("warn", "prompt-as-decode") in codes(req("0.20.1", hybrid_target=True))
+    # Without a base to offer, only the CUDA-graph setting is left; unknown length stays a formula.
+    (finding,) = [f for f in evaluate(req("0.22.0", hybrid_target=True, patch_releases=())) if f.level == "warn"]
+    assert finding.message.startswith(
+        "vLLM 0.22.0 takes a prompt (or prompt chunk) of exactly num_speculative_tokens + 1 tokens for"
+    )
+    assert finding.message.endswith(
+        "(vllm-project/vllm#49918, no fix released); serve without full CUDA graphs (service_swap_extra_args: "
+        '["--compilation-config.cudagraph_mode", "PIECEWISE"])'
+    )
+
+
+def test_a_step_shaped_prompt_under_ddtree_is_budget_plus_one_tokens() -> None:
+    fixes = ALL_FIXES - {"prompt_as_decode"}
+    findings = evaluate(
+        req("0.20.1", method="ddtree", hybrid_target=True, patch_fixes=fixes, num_speculative_tokens=15)
+    )
+    (finding,) = warnings(findings)
+    assert finding.code == "prompt-as-decode"
+    assert (
+        "a prompt (or prompt chunk) of exactly the DDTree budget + 1 tokens for a verification step" in finding.message
+    )
+
+
+def test_a_step_shaped_prompt_is_a_note_where_the_change_set_fixes_it() -> None:
+    findings = evaluate(req("0.20.1", hybrid_target=True, patch_fixes=ALL_FIXES, num_speculative_tokens=15))
+    assert warnings(findings) == []
+    (finding,) = [f for f in findings if f.code.startswith("prompt-as-decode")]
+    assert finding.as_dict() == {
+        "level": "note",
+        "code": "prompt-as-decode-patched",
+        "message": "vLLM 0.20.1 replays a prompt exactly as long as one verification step through the FULL CUDA "
+        "graph captured for verification, which loses a Gated DeltaNet hybrid target's recurrent state for that "
+        "request (vllm-project/vllm#49918); ddtree_patch fixes it here, so ddtree_patch must run before the "
+        "service starts",
+    }
+
+
+def test_a_step_shaped_prompt_is_no_finding_on_a_dense_target() -> None:
+    # Attention computes the same in the FULL graph: pure-attention targets are unaffected.
+    for version in ("0.20.1", "0.22.0", "0.30.0"):
+        assert [c for c in codes(req(version, num_speculative_tokens=15)) if "prompt-as-decode" in c[1]] == []
+    assert warnings(evaluate(req("0.30.0", num_speculative_tokens=7))) == []
+
+
 def test_concurrency_collapse_warning_on_0210() -> None:
     assert ("warn", "concurrency-collapse") in codes(req("0.21.0"))
     assert ("warn", "concurrency-collapse") not in codes(req("0.22.0"))
@@ -287,6 +358,7 @@ def test_the_projects_deployment_passes_without_a_warning() -> None:
         "aux-layer-offset-patched",
         "sliding-drafter-patched",
         "gdn-prefix-caching",
+        "prompt-as-decode-patched",
         "fa3-aot-cuda-graphs",
     ]
 
@@ -364,6 +436,62 @@ def test_a_missing_symbol_means_no_dflash() -> None:
     files = dict(DFLASH_FILES)
     files["vllm/v1/spec_decode/dflash.py"] = "# emptied\n"
     assert detect_features(_tree(files), None).dflash is False
+
+
+# The shape of 0.20.1's files (gpu_model_runner.py, gdn_attn.py), cut down to what the detector reads.
+RUNNER_0201 = """
+class GPUModelRunner:
+    @staticmethod
+    def _is_uniform_decode(max_num_scheduled_tokens, uniform_decode_query_len, num_tokens, num_reqs,
+                           force_uniform_decode=None):
+        return (
+            (max_num_scheduled_tokens == uniform_decode_query_len)
+            and (num_tokens == max_num_scheduled_tokens * num_reqs)
+        ) if force_uniform_decode is None else force_uniform_decode
+
+    def execute_model(self, scheduler_output):
+        self._determine_batch_execution_and_padding(
+            num_tokens=num_tokens_unpadded,
+            num_reqs=num_reqs,
+            max_num_scheduled_tokens=max_num_scheduled_tokens,
+        )
+"""
+GDN_0201 = """
+        if (
+            self.use_full_cuda_graph
+            and num_prefills == 0
+            and num_decodes == 0
+            and num_spec_decodes <= self.decode_cudagraph_max_bs
+        ):
+            self.spec_state_indices_tensor[:num_spec_decodes].copy_(spec_state_indices_tensor)
+"""
+PROMPT_FILES = {"vllm/v1/worker/gpu_model_runner.py": RUNNER_0201, "vllm/v1/attention/backends/gdn_attn.py": GDN_0201}
+
+
+def test_detect_the_prompt_as_decode_bug() -> None:
+    assert detect_prompt_as_decode(_tree(PROMPT_FILES)) is True
+
+
+def test_a_dispatch_that_decides_itself_shows_no_prompt_as_decode_bug() -> None:
+    # What the change set (and the upstream fix PRs) do: execute_model passes its own answer.
+    files = dict(PROMPT_FILES)
+    files["vllm/v1/worker/gpu_model_runner.py"] = RUNNER_0201.replace(
+        "            max_num_scheduled_tokens=max_num_scheduled_tokens,\n",
+        "            max_num_scheduled_tokens=max_num_scheduled_tokens,\n"
+        "            force_uniform_decode=self._ddtree_uniform_decode(spec_decode_metadata, num_reqs),\n",
+    )
+    assert detect_prompt_as_decode(_tree(files)) is False
+
+
+def test_a_gdn_builder_that_refreshes_every_batch_shows_no_prompt_as_decode_bug() -> None:
+    files = dict(PROMPT_FILES)
+    files["vllm/v1/attention/backends/gdn_attn.py"] = GDN_0201.replace("            and num_decodes == 0\n", "")
+    assert detect_prompt_as_decode(_tree(files)) is False
+
+
+def test_prompt_as_decode_needs_the_runner_and_the_builder() -> None:
+    assert detect_prompt_as_decode(_tree({})) is None
+    assert detect_prompt_as_decode(_tree({"vllm/v1/worker/gpu_model_runner.py": RUNNER_0201})) is None
 
 
 def test_torch_pin_with_marker() -> None:
