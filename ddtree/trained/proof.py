@@ -38,6 +38,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ddtree.trained.realtext import degenerate
@@ -354,38 +355,100 @@ def mode_key(cfg: dict) -> str:
 GREEDY_KEYS = ("greedy_batch1", "greedy_batch4", "greedy_batch8")
 
 
-def kernel_noise(a: dict, b: dict) -> float:
-    """How far the target alone's two attention backends move the gap between its two best logits:
-    the largest difference over every position both computed from the same tokens (up to and
-    including the first where their choices part)."""
+DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def gap_moves(a: dict, b: dict, dtype: str) -> Iterator[dict]:
+    """How far two greedy phases of the target alone (two attention backends, or two batch shapes of one
+    run) move the gap between its best logits: at every position of a prompt both ran that both computed
+    from the same tokens (up to and including the first where their choices part), each phase's two best
+    against the other's logits for those two tokens (both ways). Each move also in steps of the dtype
+    at the larger of the position's logits: rounding moves a logit by steps of its own size."""
     pp = _pair_proof()
-    noise = 0.0
-    for key in GREEDY_KEYS:
-        if key not in a or key not in b or not a[key].get("top2") or not b[key].get("top2"):
-            continue
-        toks_a, toks_b, top_a, top_b = (
-            by_prompt(a[key]),
-            by_prompt(b[key]),
-            by_prompt(a[key], "top2"),
-            by_prompt(b[key], "top2"),
+    toks_a, toks_b, top_a, top_b = by_prompt(a), by_prompt(b), by_prompt(a, "top2"), by_prompt(b, "top2")
+    for i in sorted(toks_a.keys() & toks_b.keys() & top_a.keys() & top_b.keys()):
+        parted = pp._first_diff(toks_a[i], toks_b[i])
+        for j, (x, y) in enumerate(
+            list(zip(top_a[i], top_b[i], strict=False))[: None if parted is None else parted + 1]
+        ):
+            step = pp.dtype_step(max(abs(v) for _, v in (*x, *y)), DTYPES[dtype])
+            for u, v in ((x, y), (y, x)):
+                gv = pp._gap(v, int(u[0][0]), int(u[1][0]))
+                if gv is not None:
+                    moved = abs(u[0][1] - u[1][1] - gv)
+                    yield {"prompt": i, "at": j, "movement": moved, "steps": moved / step}
+
+
+def kernel_noise(a: dict, b: dict, dtype: str = "bf16") -> float:
+    """How far the target alone's two attention backends move the gap between its two best logits: the
+    largest ``gap_moves`` over every greedy phase both ran (in logits)."""
+    moves = (m["movement"] for key in GREEDY_KEYS if key in a and key in b for m in gap_moves(a[key], b[key], dtype))
+    return max(moves, default=0.0)
+
+
+def _largest_move(pairs: Iterable[tuple[str, str, dict, dict]], dtype: str) -> dict | None:
+    """The largest move in dtype steps over (label, phase, phase a, phase b), with where it is."""
+    best = None
+    for label, phase, a, b in pairs:
+        for m in gap_moves(a, b, dtype):
+            if best is None or m["steps"] > best["steps"]:
+                best = {"runs": label, "phases": phase} | m
+    return best
+
+
+def near_tie_noise(runs: dict[str, dict]) -> dict[str, dict]:
+    """Per dtype, the near-tie rule's noise bound, in steps of the dtype at the departure's logits: the
+    largest move of the gap between the target alone's best logits between configurations it
+    legitimately ran: its two attention backends (each target run against its TREE_ATTN twin, same
+    phase) and its own batch shapes (every target-alone run's batch 1, 4 and 8 against each other, on
+    the prompts both ran), which of the two set it, and where."""
+    targets = {n: r for n, r in runs.items() if "config" in r and r["config"]["method"] is None}
+    plain = {
+        mode_key(r["config"]): n for n, r in targets.items() if not r["config"]["treeattn"] and "greedy_batch1" in r
+    }
+    out: dict[str, dict] = {}
+    for dtype in sorted({r["config"]["dtype"] for r in targets.values()}):
+        mine = {n: r for n, r in targets.items() if r["config"]["dtype"] == dtype}
+        backends = _largest_move(
+            (
+                (f"{plain[mode_key(r['config'])]} / {n}", key, runs[plain[mode_key(r["config"])]][key], r[key])
+                for n, r in mine.items()
+                if r["config"]["treeattn"] and mode_key(r["config"]) in plain
+                for key in GREEDY_KEYS
+                if key in r and key in runs[plain[mode_key(r["config"])]]
+            ),
+            dtype,
         )
-        for i in sorted(toks_a.keys() & toks_b.keys() & top_a.keys() & top_b.keys()):
-            ta, tb, sa, sb = toks_a[i], toks_b[i], top_a[i], top_b[i]
-            parted = pp._first_diff(ta, tb)
-            for x, y in list(zip(sa, sb, strict=False))[: None if parted is None else parted + 1]:
-                gb = pp._gap(y, int(x[0][0]), int(x[1][0]))
-                if gb is not None:
-                    noise = max(noise, abs(x[0][1] - x[1][1] - gb))
-    return noise
+        keys = {n: [k for k in GREEDY_KEYS if k in r] for n, r in mine.items()}
+        batch = _largest_move(
+            (
+                (n, f"{k1} / {k2}", r[k1], r[k2])
+                for n, r in mine.items()
+                for x, k1 in enumerate(keys[n])
+                for k2 in keys[n][x + 1 :]
+            ),
+            dtype,
+        )
+        steps = {"backends": backends["steps"] if backends else 0.0, "batch": batch["steps"] if batch else 0.0}
+        bound = max(steps.values())
+        out[dtype] = {
+            "bound_steps": bound,
+            "set_by": "none" if bound == 0 else max(steps, key=lambda k: (steps[k], k == "backends")),
+            "backends": backends,
+            "batch": batch,
+        }
+    return out
 
 
-def judge_identity(ref: dict, run: dict, dtype: str, noise: float = 0.0) -> dict:
+def judge_identity(ref: dict, run: dict, dtype: str, noise_steps: float = 0.0) -> dict:
     """Each output against the target alone's (same phase and batch): identical, or first departing at
     a near-tie of the target's two best logits (the rule of the random-pair proof: no wider than the
-    target's two attention backends move such a gap, ``noise``, and at least one step of the dtype).
-    Only prompts whose target-alone output is real text are judged; the others are listed."""
+    target alone's legitimate configurations move such a gap, ``noise_steps`` steps of the dtype at
+    those logits (``near_tie_noise``: its two attention backends and its own batch shapes), and at
+    least one step). Only prompts whose target-alone output is real text are judged; the others are
+    listed."""
     pp = _pair_proof()
-    dt = {"bf16": "bfloat16", "fp16": "float16"}[dtype]
+    dt = DTYPES[dtype]
     out = {}
     for key in GREEDY_KEYS:
         if key not in ref or key not in run:
@@ -402,7 +465,8 @@ def judge_identity(ref: dict, run: dict, dtype: str, noise: float = 0.0) -> dict
                 continue
             top2 = ref_top2.get(i, [])
             if d < min(len(top2), len(b)):
-                verdict = pp.divergence(top2[d], a[d], b[d], dt, noise)
+                noise = noise_steps * pp.dtype_step(max(abs(v) for _, v in top2[d]), dt)
+                verdict = pp.divergence(top2[d], a[d], b[d], dt, noise) | {"noise": noise}
             else:
                 verdict = {"near_tie": False, "why": "one of the two stopped early"}
             departures.append({"prompt": i, "at": d, **verdict})
@@ -538,9 +602,14 @@ def summarise(pair: str, out: str) -> dict:
     noise = {}
     for r in runs.values():
         cfg = r.get("config", {})
-        if cfg.get("treeattn") and mode_key(cfg) in targets:
-            noise[cfg["dtype"]] = kernel_noise(targets[mode_key(cfg)], r)
-    summary["kernel_noise"] = noise
+        # a greedy TREE_ATTN run only: its _dist twin has no logits and would overwrite it with 0.0
+        if cfg.get("treeattn") and mode_key(cfg) in targets and "greedy_batch1" in r:
+            moved = kernel_noise(targets[mode_key(cfg)], r, cfg["dtype"])
+            noise[cfg["dtype"]] = max(noise.get(cfg["dtype"], 0.0), moved)
+    summary["kernel_noise"] = noise  # the two backends' movement alone, as the results of record have it
+    # The near-tie rule's bound: the backends' and the target's own batch shapes' moves, per dtype.
+    summary["near_tie_noise"] = near_tie_noise(runs)
+    bound = {dtype: v["bound_steps"] for dtype, v in summary["near_tie_noise"].items()}
     for name, r in runs.items():
         summary["runs"][name] = {k: r.get(k) for k in ("init_s", "done", "error") if k in r} | {
             "seconds": {k: v.get("seconds") for k, v in r.items() if isinstance(v, dict) and "seconds" in v}
@@ -551,7 +620,7 @@ def summarise(pair: str, out: str) -> dict:
         ref = targets.get(mode_key(cfg))
         summary["real_text"][name] = real_text(r, ref)
         if ref is not None and r is not ref and "greedy_batch1" in r and not cfg["treeattn"]:
-            summary["identity"][name] = judge_identity(ref, r, cfg["dtype"], noise.get(cfg["dtype"], 0.0))
+            summary["identity"][name] = judge_identity(ref, r, cfg["dtype"], bound.get(cfg["dtype"], 0.0))
         for key in ("greedy_batch1", "greedy_batch8", "sampled_batch1", "sampled_batch8"):
             if key in r and cfg["method"] is not None:
                 summary["acceptance"].setdefault(name, {})[key] = acceptance(r[key]["steps"], GEN_TOKENS, DEPTH)
@@ -666,6 +735,7 @@ def record(pair: str, summary: dict, meta: dict) -> dict:
         },
         "identity": {r: {b: cut(v) for b, v in x.items()} for r, x in summary["identity"].items()},
         "kernel_noise": summary.get("kernel_noise"),
+        "near_tie_noise": summary.get("near_tie_noise"),
         "real_text": summary["real_text"],
         "acceptance": summary["acceptance"],
         "reference": {r: cut(v) for r, v in summary["reference"].items()},
