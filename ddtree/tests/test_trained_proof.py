@@ -243,3 +243,39 @@ def test_the_backends_movement_counts_and_a_sampled_twin_does_not_erase_it(tmp_p
     noise = s["near_tie_noise"]["bf16"]
     assert (noise["bound_steps"], noise["set_by"], noise["batch"]) == (3.0, "backends", None)
     assert noise["backends"]["runs"] == "target_bf16 / target_bf16_treeattn"
+
+
+def test_a_near_tie_prefix_is_left_out_of_the_sampled_verdict_but_a_broken_walk_still_fails(tmp_path, monkeypatch):
+    import math
+    import random
+
+    r = random.Random(5)
+    ps = [0.6, 0.3, 0.0482, 0.03, 0.0218]  # prefix 0: token 3 is kept 0.0018 inside the top-p cut
+
+    def draw(weights, n=2000, first=None):
+        return [[r.choices(range(5), first or weights)[0], *r.choices(range(5), weights, k=3)] for _ in range(n)]
+
+    without_3 = [0.6, 0.3, 0.0482, 0.0, 0.0218]  # the run's prefill rounds token 3 out of the kept set
+    target = [draw(ps) for _ in range(4)]
+    good = [draw(ps, first=without_3), *(draw(ps) for _ in range(3))]
+    # the drafter's first child taken as the target's choice: token 0 at every later position
+    broken = [[[s[0], 0, 0, 0] for s in draw(ps, first=without_3 if k == 0 else None)] for k in range(4)]
+    runs = {"target_bf16_dist": target, "ddtree32_bf16_dist": good, "ddtree32_bf16_broken": broken}
+    for name, samples in runs.items():
+        cfg = proof.run_config(name)
+        (tmp_path / f"{name}.json").write_text(
+            json.dumps({"config": cfg, "distribution": {"qwen": {"samples": samples}}})
+        )
+    (tmp_path / "pair" / "target").mkdir(parents=True)
+    near = [9.5 + 0.7 * math.log(q / ps[0]) for q in ps]  # one bf16 step on the top logit drops token 3
+    far = [9.5 + 0.7 * math.log(q / 0.5) for q in (0.5, 0.3, 0.1, 0.08, 0.02)]
+    monkeypatch.setattr(proof, "prefix_logits", lambda pair: [near, far, far, far])
+    s = proof.summarise(str(tmp_path / "pair"), str(tmp_path))
+    assert [x["prefix"] for x in s["sampled_prefix_near_ties"]["bf16"]["qwen"]] == [0]
+    good_v = s["distribution"]["ddtree32_bf16_dist"]["qwen"]
+    assert good_v["min_p"] < 1e-6  # the raw test over every prefix is kept: it fails on prefix 0
+    assert good_v["judged"]["prefixes"] == [1, 2, 3] and good_v["judged"]["min_p"] > proof.PASS_P
+    assert good_v["excluded_p_by_prefix"]["0"][0] < 1e-6 and good_v["passes"] is True
+    broken_v = s["distribution"]["ddtree32_bf16_broken"]["qwen"]
+    assert broken_v["judged"]["prefixes"] == [1, 2, 3] and broken_v["judged"]["min_p"] < 1e-100
+    assert broken_v["passes"] is False

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ddtree.trained.realtext import degenerate
-from ddtree.trained.stats import acceptance, homogeneity, kept_tokens
+from ddtree.trained.stats import acceptance, homogeneity, kept_tokens, near_tie_prefix
 
 REPO = Path(__file__).resolve().parents[2]
 GEN_TOKENS = 128
@@ -52,6 +52,7 @@ DRAFT_LOGIT_SCALE = 8.0  # the trained drafters' largest logits are about 6-7: t
 SAMPLED_TOKENS = 4
 QWEN_SAMPLING = {"temperature": 0.7, "top_p": 0.95, "top_k": 20}
 PURE_SAMPLING = {"temperature": 1.0}
+SAMPLING = {"qwen": QWEN_SAMPLING, "pure": {"top_k": 0, "top_p": 1.0} | PURE_SAMPLING}  # as kept_tokens takes them
 
 
 def _pair_proof():
@@ -650,6 +651,12 @@ def summarise(pair: str, out: str) -> dict:
     # The target alone's samples per (dtype, attention backend). A speculative run is compared with the
     # target on the backend it verifies with where that ran (TREE_ATTN: only the tree differs), else on
     # FlashAttention; the target on TREE_ATTN against FlashAttention is the control (only rounding differs).
+    near_ties = None
+    if any("distribution" in r for r in runs.values()) and (
+        got := sampled_near_ties(pair, runs, summary["near_tie_noise"])
+    ):
+        summary["sampled_prefix_top_p_margin"], near_ties = got
+        summary["sampled_prefix_near_ties"] = near_ties
     bases = {
         (r["config"]["dtype"], r["config"]["treeattn"]): r
         for r in runs.values()
@@ -664,20 +671,73 @@ def summarise(pair: str, out: str) -> dict:
         else:
             base = bases.get((cfg["dtype"], True)) or bases.get((cfg["dtype"], False))
         if base is not None and base is not r:
+            near = None if near_ties is None else near_ties[cfg["dtype"]]
             summary["distribution"][name] = {
-                label: homogeneity(base["distribution"][label]["samples"], r["distribution"][label]["samples"])
+                label: judge_distribution(
+                    base["distribution"][label]["samples"],
+                    r["distribution"][label]["samples"],
+                    None if near is None else near.get(label, []),
+                )
                 for label in r["distribution"]
                 if label in base["distribution"]
             } | {"against": next(n for n, x in runs.items() if x is base)}
-    if summary["distribution"] and Path(pair, "target").is_dir():
-        summary["sampled_prefix_top_p_margin"] = top_p_margins(pair)
     return summary
 
 
-def top_p_margins(pair: str) -> list[float]:
-    """Per sampled prefix, how close the float32 target's first token's top-p set (at QWEN_SAMPLING) is
-    to changing (``stats.kept_tokens``): where it is within rounding, the backends alone can move a
-    token of a few percent in or out, which the two-sample test then detects."""
+def sampled_near_ties(pair: str, runs: dict[str, dict], noise: dict[str, dict]) -> tuple[list, dict] | None:
+    """Per sampled prefix, the float32 target's first-token top-p margin (QWEN_SAMPLING), and per dtype
+    of a sampled run and sampling setting the near-tie prefixes (``stats.near_tie_prefix``: a top-k
+    logit moved by one step of the dtype, or by the near-tie bound, changes the kept set). None where
+    the pair's target is not here to compute its logits."""
+    if not Path(pair, "target").is_dir():
+        return None
+    pp = _pair_proof()
+    logits = prefix_logits(pair)
+    q = QWEN_SAMPLING
+    margins = [round(kept_tokens(x, q["temperature"], q["top_k"], q["top_p"])[1], 4) for x in logits]
+    near: dict[str, dict] = {}
+    for dtype in sorted({r["config"]["dtype"] for r in runs.values() if "distribution" in r and "config" in r}):
+        steps = max(1.0, noise.get(dtype, {}).get("bound_steps", 0.0))
+
+        def move(x: float, dt: str = DTYPES[dtype], steps: float = steps) -> float:
+            return steps * pp.dtype_step(x, dt)
+
+        near[dtype] = {
+            label: [{"prefix": k, **m} for k, x in enumerate(logits) if (m := near_tie_prefix(x, **sp, move=move))]
+            for label, sp in SAMPLING.items()
+        }
+    return margins, near
+
+
+PASS_P = 0.01  # a sampled run passes where no judged position's p is below this
+
+
+def judge_distribution(base: list, run: list, near: list[dict] | None) -> dict:
+    """The two-sample test of a sampled run against the target alone's samples: over every prefix (as
+    recorded: nothing hidden), and summed over the prefixes but the near-tie ones (``near``: where
+    rounding alone moves a token in or out of the first token's kept set), whose own p-values are listed.
+    It passes where at least one prefix is judged and every judged position's p is above PASS_P. Where
+    the near-tie prefixes are unknown (``near`` is None: the pair's target was not here) every prefix
+    is judged."""
+    raw = homogeneity(base, run)
+    excluded = sorted(x["prefix"] for x in near or [])
+    judged = homogeneity(base, run, excluded) if excluded else raw
+    kept = [k for k in range(len(base)) if k not in excluded]
+    return raw | {
+        "near_tie_prefixes": near,
+        "excluded_p_by_prefix": {str(k): raw["p_by_prefix"][k] for k in excluded},
+        "judged": {
+            "prefixes": kept,
+            "by_position": judged["by_position"],
+            "min_p": judged["min_p"],
+            "log10_min_p": judged["log10_min_p"],
+        },
+        "passes": bool(kept) and judged["min_p"] is not None and judged["min_p"] > PASS_P,
+    }
+
+
+def prefix_logits(pair: str) -> list[list[float]]:
+    """The float32 target's logits for the first token after each sampled prefix."""
     import torch
 
     if "torch._dynamo" not in sys.modules:
@@ -697,9 +757,7 @@ def top_p_margins(pair: str) -> list[float]:
     out = []
     for prefix in json.loads(Path(pair, "prompts.json").read_text())["sampled_prefixes"]:
         with torch.no_grad():
-            logits = head(lm(torch.tensor([prefix])).last_hidden_state[:, -1]).float()[0].tolist()
-        q = QWEN_SAMPLING
-        out.append(round(kept_tokens(logits, q["temperature"], q["top_k"], q["top_p"])[1], 4))
+            out.append(head(lm(torch.tensor([prefix])).last_hidden_state[:, -1]).float()[0].tolist())
     return out
 
 
@@ -746,6 +804,7 @@ def record(pair: str, summary: dict, meta: dict) -> dict:
         "reference_mask_walk_mismatch": summary.get("reference_mask_walk_mismatch"),
         "distribution": summary["distribution"],
         "sampled_prefix_top_p_margin": summary.get("sampled_prefix_top_p_margin"),
+        "sampled_prefix_near_ties": summary.get("sampled_prefix_near_ties"),
         "runs": {r: v for r, v in summary["runs"].items()},
     }
 
