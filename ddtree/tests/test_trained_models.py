@@ -307,3 +307,48 @@ def test_kept_tokens_follow_vllms_top_k_and_top_p_and_say_how_close_the_cut_is()
     assert kept_tokens(logp, 1.0, 2, 0.95)[0] == {0, 1}  # top-k first: 0.667 + 0.333
     assert kept_tokens(logp, 1.0, 0, 0.5)[0] == {0}
     assert kept_tokens(logp, 1.0, 0, 1.0) == ({0, 1, 2, 3}, math.inf)
+
+
+def _logits(ps, temperature=0.7, top=9.5):
+    """Logits whose sampler probabilities at ``temperature`` are ``ps``, the largest at ``top``."""
+    import math
+
+    return [top + temperature * math.log(q / ps[0]) for q in ps]
+
+
+# Tokens 0-2 hold 0.9482 (the attention pair's prefix 0): token 3 is kept, 0.0018 inside the cut.
+NEAR_CUT = [0.6, 0.3, 0.0482, 0.03, 0.0218]
+FAR_CUT = [0.5, 0.3, 0.1, 0.08, 0.02]  # the cut 0.03 and 0.05 from the sums either side
+
+
+def test_a_prefix_whose_kept_set_one_rounding_step_changes_is_a_near_tie():
+    from ddtree.gpu.pair_proof import dtype_step
+    from ddtree.trained.stats import kept_tokens, near_tie_prefix
+
+    def bf16(x):
+        return dtype_step(x, "bfloat16")
+
+    assert kept_tokens(_logits(NEAR_CUT), 0.7, 20, 0.95)[0] == {0, 1, 2, 3}
+    near = near_tie_prefix(_logits(NEAR_CUT), 0.7, 20, 0.95, bf16)
+    # one bf16 step up on the top logit (9.5 -> 9.5625) drops token 3
+    assert near == {"token": 0, "shift": 0.0625, "kept": [0, 1, 2, 3], "kept_moved": [0, 1, 2]}
+    assert near_tie_prefix(_logits(FAR_CUT), 0.7, 20, 0.95, bf16) is None
+    # the far cut is within reach of a move wider than rounding: the move is what is tested
+    assert near_tie_prefix(_logits(FAR_CUT), 0.7, 20, 0.95, lambda x: 1.0) is not None
+    assert near_tie_prefix(_logits(NEAR_CUT), 1.0, 0, 1.0, bf16) is None  # no top-k or top-p: no cut
+
+
+def test_homogeneity_leaves_an_excluded_prefix_out_of_the_sums_exactly():
+    r = random.Random(2)
+
+    def draw(ps, n):
+        return [[r.choices(range(len(ps)), ps)[0] for _ in range(3)] for _ in range(n)]
+
+    a = [draw([0.5, 0.3, 0.2], 500) for _ in range(3)]
+    b = [draw([0.5, 0.3, 0.2], 500), draw([0.2, 0.2, 0.6], 500), draw([0.5, 0.3, 0.2], 500)]
+    full, without = homogeneity(a, b), homogeneity(a, b, [1])
+    alone = homogeneity([a[0], a[2]], [b[0], b[2]])
+    assert without["by_position"] == alone["by_position"] and without["min_p"] == alone["min_p"]
+    assert without["p_by_prefix"] == full["p_by_prefix"]  # the excluded prefix's own p is still there
+    assert without["excluded"] == [1] and full["excluded"] == []
+    assert full["min_p"] < 1e-6 < without["min_p"]

@@ -162,3 +162,120 @@ def test_a_tree_is_sampled_against_the_target_on_its_own_backend_and_the_backend
     assert d["target_bf16_treeattn_dist"]["against"] == "target_bf16_dist"
     assert d["target_bf16_treeattn_dist"]["qwen"]["min_p"] < 1e-6  # the backends' control sees the skew
     assert "target_bf16_dist" not in d
+
+
+STEP = 0.03125  # one bf16 step at logits in [4, 8)
+
+
+def _top3(ys, at: dict[tuple[int, int], list]) -> list:
+    """The target's best logits per token: a wide gap everywhere but at the (prompt, token) given."""
+    return [[at.get((i, j), [[t, 6.0], [t + 1, 4.5]]) for j, t in enumerate(y)] for i, y in enumerate(ys)]
+
+
+def _batch_shape_pair(tmp_path, departs: dict[int, int], batch1: bool = True) -> dict:
+    """The target alone at batch 1 and 8 and DDTree at batch 8, departing (to the target's second best)
+    at {prompt: token}. At prompt 0, token 5 the target's two best tie at batch 1 and are 2 steps apart
+    at batch 8 (its batch shape moves that gap by 2 steps); at prompt 1, token 7 they are 3 steps
+    apart at both."""
+    ys = [_text(s) for s in range(3)]
+    eight = _top3(ys, {(0, 5): [[ys[0][5], 5.0 + 2 * STEP], [ys[0][5] + 1, 5.0]]})
+    eight[1][7] = [[ys[1][7], 5.0 + 3 * STEP], [ys[1][7] + 1, 5.0]]
+    one = _top3(ys, {(0, 5): [[ys[0][5], 5.0], [ys[0][5] + 1, 5.0]]})
+    one[1][7] = eight[1][7]
+    target = {"config": proof.run_config("target_bf16"), "greedy_batch8": _greedy(ys, top2=eight)}
+    if batch1:
+        target["greedy_batch1"] = _greedy(ys, top2=one)
+    else:  # batch 8 alone: no batch shape to compare, judged from batch 8's own logits
+        target["greedy_batch1"] = _greedy(ys, top2=eight)
+    outs = [
+        [*y[: departs[i]], y[departs[i]] + 1, *y[departs[i] + 1 :]] if i in departs else y for i, y in enumerate(ys)
+    ]
+    run = {"config": proof.run_config("ddtree32_bf16"), "greedy_batch1": _greedy(ys), "greedy_batch8": _greedy(outs)}
+    for name, r in (("target_bf16", target), ("ddtree32_bf16", run)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(r))
+    return proof.summarise("unused", str(tmp_path))
+
+
+def test_a_departure_within_the_targets_own_batch_shape_movement_is_a_near_tie(tmp_path):
+    s = _batch_shape_pair(tmp_path, {0: 5})
+    noise = s["near_tie_noise"]["bf16"]
+    assert noise["bound_steps"] == 2.0 and noise["set_by"] == "batch" and noise["backends"] is None
+    assert noise["batch"] == {
+        "runs": "target_bf16",
+        "phases": "greedy_batch1 / greedy_batch8",
+        "prompt": 0,
+        "at": 5,
+        "movement": 2 * STEP,
+        "steps": 2.0,
+    }
+    d = s["identity"]["ddtree32_bf16"]["greedy_batch8"]["departures"]
+    assert [(x["prompt"], x["at"], x["gap_in_dtype_steps"], x["near_tie"]) for x in d] == [(0, 5, 2.0, True)]
+    # The same departure where the target ran no other batch shape: nothing measured moves a gap 2 steps.
+    d = _batch_shape_pair(tmp_path, {0: 5}, batch1=False)["identity"]["ddtree32_bf16"]["greedy_batch8"]
+    assert d["departures"][0]["near_tie"] is False and not d["only_near_ties"]
+
+
+def test_a_departure_wider_than_every_measured_movement_still_fails(tmp_path):
+    s = _batch_shape_pair(tmp_path, {1: 7})
+    assert s["near_tie_noise"]["bf16"]["bound_steps"] == 2.0
+    v = s["identity"]["ddtree32_bf16"]["greedy_batch8"]
+    assert [(x["prompt"], x["gap_in_dtype_steps"], x["near_tie"]) for x in v["departures"]] == [(1, 3.0, False)]
+    assert not v["only_near_ties"]
+
+
+def test_the_backends_movement_counts_and_a_sampled_twin_does_not_erase_it(tmp_path):
+    ys = [_text(s) for s in range(2)]
+    fa = {"config": proof.run_config("target_bf16"), "greedy_batch1": _greedy(ys, top2=_top3(ys, {}))}
+    moved = _top3(ys, {(1, 9): [[ys[1][9], 6.0 + 3 * STEP], [ys[1][9] + 1, 4.5]]})
+    runs = {
+        "target_bf16": fa,
+        "target_bf16_treeattn": {
+            "config": proof.run_config("target_bf16_treeattn"),
+            "greedy_batch1": _greedy(ys, top2=moved),
+        },
+        # the sampled run on TREE_ATTN records no logits: it says nothing of the backends' movement
+        "target_bf16_treeattn_dist": {"config": proof.run_config("target_bf16_treeattn_dist"), "distribution": {}},
+    }
+    for name, r in runs.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(r))
+    s = proof.summarise("unused", str(tmp_path))
+    assert s["kernel_noise"] == {"bf16": 3 * STEP}
+    noise = s["near_tie_noise"]["bf16"]
+    assert (noise["bound_steps"], noise["set_by"], noise["batch"]) == (3.0, "backends", None)
+    assert noise["backends"]["runs"] == "target_bf16 / target_bf16_treeattn"
+
+
+def test_a_near_tie_prefix_is_left_out_of_the_sampled_verdict_but_a_broken_walk_still_fails(tmp_path, monkeypatch):
+    import math
+    import random
+
+    r = random.Random(5)
+    ps = [0.6, 0.3, 0.0482, 0.03, 0.0218]  # prefix 0: token 3 is kept 0.0018 inside the top-p cut
+
+    def draw(weights, n=2000, first=None):
+        return [[r.choices(range(5), first or weights)[0], *r.choices(range(5), weights, k=3)] for _ in range(n)]
+
+    without_3 = [0.6, 0.3, 0.0482, 0.0, 0.0218]  # the run's prefill rounds token 3 out of the kept set
+    target = [draw(ps) for _ in range(4)]
+    good = [draw(ps, first=without_3), *(draw(ps) for _ in range(3))]
+    # the drafter's first child taken as the target's choice: token 0 at every later position
+    broken = [[[s[0], 0, 0, 0] for s in draw(ps, first=without_3 if k == 0 else None)] for k in range(4)]
+    runs = {"target_bf16_dist": target, "ddtree32_bf16_dist": good, "ddtree32_bf16_broken": broken}
+    for name, samples in runs.items():
+        cfg = proof.run_config(name)
+        (tmp_path / f"{name}.json").write_text(
+            json.dumps({"config": cfg, "distribution": {"qwen": {"samples": samples}}})
+        )
+    (tmp_path / "pair" / "target").mkdir(parents=True)
+    near = [9.5 + 0.7 * math.log(q / ps[0]) for q in ps]  # one bf16 step on the top logit drops token 3
+    far = [9.5 + 0.7 * math.log(q / 0.5) for q in (0.5, 0.3, 0.1, 0.08, 0.02)]
+    monkeypatch.setattr(proof, "prefix_logits", lambda pair: [near, far, far, far])
+    s = proof.summarise(str(tmp_path / "pair"), str(tmp_path))
+    assert [x["prefix"] for x in s["sampled_prefix_near_ties"]["bf16"]["qwen"]] == [0]
+    good_v = s["distribution"]["ddtree32_bf16_dist"]["qwen"]
+    assert good_v["min_p"] < 1e-6  # the raw test over every prefix is kept: it fails on prefix 0
+    assert good_v["judged"]["prefixes"] == [1, 2, 3] and good_v["judged"]["min_p"] > proof.PASS_P
+    assert good_v["excluded_p_by_prefix"]["0"][0] < 1e-6 and good_v["passes"] is True
+    broken_v = s["distribution"]["ddtree32_bf16_broken"]["qwen"]
+    assert broken_v["judged"]["prefixes"] == [1, 2, 3] and broken_v["judged"]["min_p"] < 1e-100
+    assert broken_v["passes"] is False

@@ -38,10 +38,11 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ddtree.trained.realtext import degenerate
-from ddtree.trained.stats import acceptance, homogeneity, kept_tokens
+from ddtree.trained.stats import acceptance, homogeneity, kept_tokens, near_tie_prefix
 
 REPO = Path(__file__).resolve().parents[2]
 GEN_TOKENS = 128
@@ -51,6 +52,7 @@ DRAFT_LOGIT_SCALE = 8.0  # the trained drafters' largest logits are about 6-7: t
 SAMPLED_TOKENS = 4
 QWEN_SAMPLING = {"temperature": 0.7, "top_p": 0.95, "top_k": 20}
 PURE_SAMPLING = {"temperature": 1.0}
+SAMPLING = {"qwen": QWEN_SAMPLING, "pure": {"top_k": 0, "top_p": 1.0} | PURE_SAMPLING}  # as kept_tokens takes them
 
 
 def _pair_proof():
@@ -354,38 +356,100 @@ def mode_key(cfg: dict) -> str:
 GREEDY_KEYS = ("greedy_batch1", "greedy_batch4", "greedy_batch8")
 
 
-def kernel_noise(a: dict, b: dict) -> float:
-    """How far the target alone's two attention backends move the gap between its two best logits:
-    the largest difference over every position both computed from the same tokens (up to and
-    including the first where their choices part)."""
+DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def gap_moves(a: dict, b: dict, dtype: str) -> Iterator[dict]:
+    """How far two greedy phases of the target alone (two attention backends, or two batch shapes of one
+    run) move the gap between its best logits: at every position of a prompt both ran that both computed
+    from the same tokens (up to and including the first where their choices part), each phase's two best
+    against the other's logits for those two tokens (both ways). Each move also in steps of the dtype
+    at the larger of the position's logits: rounding moves a logit by steps of its own size."""
     pp = _pair_proof()
-    noise = 0.0
-    for key in GREEDY_KEYS:
-        if key not in a or key not in b or not a[key].get("top2") or not b[key].get("top2"):
-            continue
-        toks_a, toks_b, top_a, top_b = (
-            by_prompt(a[key]),
-            by_prompt(b[key]),
-            by_prompt(a[key], "top2"),
-            by_prompt(b[key], "top2"),
+    toks_a, toks_b, top_a, top_b = by_prompt(a), by_prompt(b), by_prompt(a, "top2"), by_prompt(b, "top2")
+    for i in sorted(toks_a.keys() & toks_b.keys() & top_a.keys() & top_b.keys()):
+        parted = pp._first_diff(toks_a[i], toks_b[i])
+        for j, (x, y) in enumerate(
+            list(zip(top_a[i], top_b[i], strict=False))[: None if parted is None else parted + 1]
+        ):
+            step = pp.dtype_step(max(abs(v) for _, v in (*x, *y)), DTYPES[dtype])
+            for u, v in ((x, y), (y, x)):
+                gv = pp._gap(v, int(u[0][0]), int(u[1][0]))
+                if gv is not None:
+                    moved = abs(u[0][1] - u[1][1] - gv)
+                    yield {"prompt": i, "at": j, "movement": moved, "steps": moved / step}
+
+
+def kernel_noise(a: dict, b: dict, dtype: str = "bf16") -> float:
+    """How far the target alone's two attention backends move the gap between its two best logits: the
+    largest ``gap_moves`` over every greedy phase both ran (in logits)."""
+    moves = (m["movement"] for key in GREEDY_KEYS if key in a and key in b for m in gap_moves(a[key], b[key], dtype))
+    return max(moves, default=0.0)
+
+
+def _largest_move(pairs: Iterable[tuple[str, str, dict, dict]], dtype: str) -> dict | None:
+    """The largest move in dtype steps over (label, phase, phase a, phase b), with where it is."""
+    best = None
+    for label, phase, a, b in pairs:
+        for m in gap_moves(a, b, dtype):
+            if best is None or m["steps"] > best["steps"]:
+                best = {"runs": label, "phases": phase} | m
+    return best
+
+
+def near_tie_noise(runs: dict[str, dict]) -> dict[str, dict]:
+    """Per dtype, the near-tie rule's noise bound, in steps of the dtype at the departure's logits: the
+    largest move of the gap between the target alone's best logits between configurations it
+    legitimately ran: its two attention backends (each target run against its TREE_ATTN twin, same
+    phase) and its own batch shapes (every target-alone run's batch 1, 4 and 8 against each other, on
+    the prompts both ran), which of the two set it, and where."""
+    targets = {n: r for n, r in runs.items() if "config" in r and r["config"]["method"] is None}
+    plain = {
+        mode_key(r["config"]): n for n, r in targets.items() if not r["config"]["treeattn"] and "greedy_batch1" in r
+    }
+    out: dict[str, dict] = {}
+    for dtype in sorted({r["config"]["dtype"] for r in targets.values()}):
+        mine = {n: r for n, r in targets.items() if r["config"]["dtype"] == dtype}
+        backends = _largest_move(
+            (
+                (f"{plain[mode_key(r['config'])]} / {n}", key, runs[plain[mode_key(r["config"])]][key], r[key])
+                for n, r in mine.items()
+                if r["config"]["treeattn"] and mode_key(r["config"]) in plain
+                for key in GREEDY_KEYS
+                if key in r and key in runs[plain[mode_key(r["config"])]]
+            ),
+            dtype,
         )
-        for i in sorted(toks_a.keys() & toks_b.keys() & top_a.keys() & top_b.keys()):
-            ta, tb, sa, sb = toks_a[i], toks_b[i], top_a[i], top_b[i]
-            parted = pp._first_diff(ta, tb)
-            for x, y in list(zip(sa, sb, strict=False))[: None if parted is None else parted + 1]:
-                gb = pp._gap(y, int(x[0][0]), int(x[1][0]))
-                if gb is not None:
-                    noise = max(noise, abs(x[0][1] - x[1][1] - gb))
-    return noise
+        keys = {n: [k for k in GREEDY_KEYS if k in r] for n, r in mine.items()}
+        batch = _largest_move(
+            (
+                (n, f"{k1} / {k2}", r[k1], r[k2])
+                for n, r in mine.items()
+                for x, k1 in enumerate(keys[n])
+                for k2 in keys[n][x + 1 :]
+            ),
+            dtype,
+        )
+        steps = {"backends": backends["steps"] if backends else 0.0, "batch": batch["steps"] if batch else 0.0}
+        bound = max(steps.values())
+        out[dtype] = {
+            "bound_steps": bound,
+            "set_by": "none" if bound == 0 else max(steps, key=lambda k: (steps[k], k == "backends")),
+            "backends": backends,
+            "batch": batch,
+        }
+    return out
 
 
-def judge_identity(ref: dict, run: dict, dtype: str, noise: float = 0.0) -> dict:
+def judge_identity(ref: dict, run: dict, dtype: str, noise_steps: float = 0.0) -> dict:
     """Each output against the target alone's (same phase and batch): identical, or first departing at
     a near-tie of the target's two best logits (the rule of the random-pair proof: no wider than the
-    target's two attention backends move such a gap, ``noise``, and at least one step of the dtype).
-    Only prompts whose target-alone output is real text are judged; the others are listed."""
+    target alone's legitimate configurations move such a gap, ``noise_steps`` steps of the dtype at
+    those logits (``near_tie_noise``: its two attention backends and its own batch shapes), and at
+    least one step). Only prompts whose target-alone output is real text are judged; the others are
+    listed."""
     pp = _pair_proof()
-    dt = {"bf16": "bfloat16", "fp16": "float16"}[dtype]
+    dt = DTYPES[dtype]
     out = {}
     for key in GREEDY_KEYS:
         if key not in ref or key not in run:
@@ -402,7 +466,8 @@ def judge_identity(ref: dict, run: dict, dtype: str, noise: float = 0.0) -> dict
                 continue
             top2 = ref_top2.get(i, [])
             if d < min(len(top2), len(b)):
-                verdict = pp.divergence(top2[d], a[d], b[d], dt, noise)
+                noise = noise_steps * pp.dtype_step(max(abs(v) for _, v in top2[d]), dt)
+                verdict = pp.divergence(top2[d], a[d], b[d], dt, noise) | {"noise": noise}
             else:
                 verdict = {"near_tie": False, "why": "one of the two stopped early"}
             departures.append({"prompt": i, "at": d, **verdict})
@@ -538,9 +603,14 @@ def summarise(pair: str, out: str) -> dict:
     noise = {}
     for r in runs.values():
         cfg = r.get("config", {})
-        if cfg.get("treeattn") and mode_key(cfg) in targets:
-            noise[cfg["dtype"]] = kernel_noise(targets[mode_key(cfg)], r)
-    summary["kernel_noise"] = noise
+        # a greedy TREE_ATTN run only: its _dist twin has no logits and would overwrite it with 0.0
+        if cfg.get("treeattn") and mode_key(cfg) in targets and "greedy_batch1" in r:
+            moved = kernel_noise(targets[mode_key(cfg)], r, cfg["dtype"])
+            noise[cfg["dtype"]] = max(noise.get(cfg["dtype"], 0.0), moved)
+    summary["kernel_noise"] = noise  # the two backends' movement alone, as the results of record have it
+    # The near-tie rule's bound: the backends' and the target's own batch shapes' moves, per dtype.
+    summary["near_tie_noise"] = near_tie_noise(runs)
+    bound = {dtype: v["bound_steps"] for dtype, v in summary["near_tie_noise"].items()}
     for name, r in runs.items():
         summary["runs"][name] = {k: r.get(k) for k in ("init_s", "done", "error") if k in r} | {
             "seconds": {k: v.get("seconds") for k, v in r.items() if isinstance(v, dict) and "seconds" in v}
@@ -551,7 +621,7 @@ def summarise(pair: str, out: str) -> dict:
         ref = targets.get(mode_key(cfg))
         summary["real_text"][name] = real_text(r, ref)
         if ref is not None and r is not ref and "greedy_batch1" in r and not cfg["treeattn"]:
-            summary["identity"][name] = judge_identity(ref, r, cfg["dtype"], noise.get(cfg["dtype"], 0.0))
+            summary["identity"][name] = judge_identity(ref, r, cfg["dtype"], bound.get(cfg["dtype"], 0.0))
         for key in ("greedy_batch1", "greedy_batch8", "sampled_batch1", "sampled_batch8"):
             if key in r and cfg["method"] is not None:
                 summary["acceptance"].setdefault(name, {})[key] = acceptance(r[key]["steps"], GEN_TOKENS, DEPTH)
@@ -581,6 +651,12 @@ def summarise(pair: str, out: str) -> dict:
     # The target alone's samples per (dtype, attention backend). A speculative run is compared with the
     # target on the backend it verifies with where that ran (TREE_ATTN: only the tree differs), else on
     # FlashAttention; the target on TREE_ATTN against FlashAttention is the control (only rounding differs).
+    near_ties = None
+    if any("distribution" in r for r in runs.values()) and (
+        got := sampled_near_ties(pair, runs, summary["near_tie_noise"])
+    ):
+        summary["sampled_prefix_top_p_margin"], near_ties = got
+        summary["sampled_prefix_near_ties"] = near_ties
     bases = {
         (r["config"]["dtype"], r["config"]["treeattn"]): r
         for r in runs.values()
@@ -595,20 +671,73 @@ def summarise(pair: str, out: str) -> dict:
         else:
             base = bases.get((cfg["dtype"], True)) or bases.get((cfg["dtype"], False))
         if base is not None and base is not r:
+            near = None if near_ties is None else near_ties[cfg["dtype"]]
             summary["distribution"][name] = {
-                label: homogeneity(base["distribution"][label]["samples"], r["distribution"][label]["samples"])
+                label: judge_distribution(
+                    base["distribution"][label]["samples"],
+                    r["distribution"][label]["samples"],
+                    None if near is None else near.get(label, []),
+                )
                 for label in r["distribution"]
                 if label in base["distribution"]
             } | {"against": next(n for n, x in runs.items() if x is base)}
-    if summary["distribution"] and Path(pair, "target").is_dir():
-        summary["sampled_prefix_top_p_margin"] = top_p_margins(pair)
     return summary
 
 
-def top_p_margins(pair: str) -> list[float]:
-    """Per sampled prefix, how close the float32 target's first token's top-p set (at QWEN_SAMPLING) is
-    to changing (``stats.kept_tokens``): where it is within rounding, the backends alone can move a
-    token of a few percent in or out, which the two-sample test then detects."""
+def sampled_near_ties(pair: str, runs: dict[str, dict], noise: dict[str, dict]) -> tuple[list, dict] | None:
+    """Per sampled prefix, the float32 target's first-token top-p margin (QWEN_SAMPLING), and per dtype
+    of a sampled run and sampling setting the near-tie prefixes (``stats.near_tie_prefix``: a top-k
+    logit moved by one step of the dtype, or by the near-tie bound, changes the kept set). None where
+    the pair's target is not here to compute its logits."""
+    if not Path(pair, "target").is_dir():
+        return None
+    pp = _pair_proof()
+    logits = prefix_logits(pair)
+    q = QWEN_SAMPLING
+    margins = [round(kept_tokens(x, q["temperature"], q["top_k"], q["top_p"])[1], 4) for x in logits]
+    near: dict[str, dict] = {}
+    for dtype in sorted({r["config"]["dtype"] for r in runs.values() if "distribution" in r and "config" in r}):
+        steps = max(1.0, noise.get(dtype, {}).get("bound_steps", 0.0))
+
+        def move(x: float, dt: str = DTYPES[dtype], steps: float = steps) -> float:
+            return steps * pp.dtype_step(x, dt)
+
+        near[dtype] = {
+            label: [{"prefix": k, **m} for k, x in enumerate(logits) if (m := near_tie_prefix(x, **sp, move=move))]
+            for label, sp in SAMPLING.items()
+        }
+    return margins, near
+
+
+PASS_P = 0.01  # a sampled run passes where no judged position's p is below this
+
+
+def judge_distribution(base: list, run: list, near: list[dict] | None) -> dict:
+    """The two-sample test of a sampled run against the target alone's samples: over every prefix (as
+    recorded: nothing hidden), and summed over the prefixes but the near-tie ones (``near``: where
+    rounding alone moves a token in or out of the first token's kept set), whose own p-values are listed.
+    It passes where at least one prefix is judged and every judged position's p is above PASS_P. Where
+    the near-tie prefixes are unknown (``near`` is None: the pair's target was not here) every prefix
+    is judged."""
+    raw = homogeneity(base, run)
+    excluded = sorted(x["prefix"] for x in near or [])
+    judged = homogeneity(base, run, excluded) if excluded else raw
+    kept = [k for k in range(len(base)) if k not in excluded]
+    return raw | {
+        "near_tie_prefixes": near,
+        "excluded_p_by_prefix": {str(k): raw["p_by_prefix"][k] for k in excluded},
+        "judged": {
+            "prefixes": kept,
+            "by_position": judged["by_position"],
+            "min_p": judged["min_p"],
+            "log10_min_p": judged["log10_min_p"],
+        },
+        "passes": bool(kept) and judged["min_p"] is not None and judged["min_p"] > PASS_P,
+    }
+
+
+def prefix_logits(pair: str) -> list[list[float]]:
+    """The float32 target's logits for the first token after each sampled prefix."""
     import torch
 
     if "torch._dynamo" not in sys.modules:
@@ -628,9 +757,7 @@ def top_p_margins(pair: str) -> list[float]:
     out = []
     for prefix in json.loads(Path(pair, "prompts.json").read_text())["sampled_prefixes"]:
         with torch.no_grad():
-            logits = head(lm(torch.tensor([prefix])).last_hidden_state[:, -1]).float()[0].tolist()
-        q = QWEN_SAMPLING
-        out.append(round(kept_tokens(logits, q["temperature"], q["top_k"], q["top_p"])[1], 4))
+            out.append(head(lm(torch.tensor([prefix])).last_hidden_state[:, -1]).float()[0].tolist())
     return out
 
 
@@ -666,6 +793,7 @@ def record(pair: str, summary: dict, meta: dict) -> dict:
         },
         "identity": {r: {b: cut(v) for b, v in x.items()} for r, x in summary["identity"].items()},
         "kernel_noise": summary.get("kernel_noise"),
+        "near_tie_noise": summary.get("near_tie_noise"),
         "real_text": summary["real_text"],
         "acceptance": summary["acceptance"],
         "reference": {r: cut(v) for r, v in summary["reference"].items()},
@@ -676,6 +804,7 @@ def record(pair: str, summary: dict, meta: dict) -> dict:
         "reference_mask_walk_mismatch": summary.get("reference_mask_walk_mismatch"),
         "distribution": summary["distribution"],
         "sampled_prefix_top_p_margin": summary.get("sampled_prefix_top_p_margin"),
+        "sampled_prefix_near_ties": summary.get("sampled_prefix_near_ties"),
         "runs": {r: v for r, v in summary["runs"].items()},
     }
 

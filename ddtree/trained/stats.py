@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 
 MIN_EXPECTED = 5.0  # chi-square needs about 5 expected counts per cell: rarer tokens are pooled
 
@@ -64,10 +64,13 @@ def table_statistic(a: Counter, b: Counter) -> tuple[float, int]:
     return stat, max(0, len(cells) - 1)
 
 
-def homogeneity(a: Sequence[Sequence[Sequence[int]]], b: Sequence[Sequence[Sequence[int]]]) -> dict:
+def homogeneity(
+    a: Sequence[Sequence[Sequence[int]]], b: Sequence[Sequence[Sequence[int]]], exclude: Collection[int] = ()
+) -> dict:
     """Per token position, whether two samplers drew from the same distribution: a chi-square
     homogeneity test per fixed prefix, summed over the prefixes (statistics and degrees of freedom
-    add). ``a[k][s]`` is sample s of prefix k, a list of tokens."""
+    add) but those in ``exclude``, whose own p-values are still given. ``a[k][s]`` is sample s of
+    prefix k, a list of tokens."""
     positions = min(len(s) for group in (*a, *b) for s in group)
     out = []
     by_prefix: list[list[float]] = [[] for _ in a]
@@ -75,7 +78,8 @@ def homogeneity(a: Sequence[Sequence[Sequence[int]]], b: Sequence[Sequence[Seque
         stat, df = 0.0, 0
         for k, (sa, sb) in enumerate(zip(a, b, strict=True)):
             st, d = table_statistic(Counter(s[i] for s in sa), Counter(s[i] for s in sb))
-            stat, df = stat + st, df + d
+            if k not in exclude:
+                stat, df = stat + st, df + d
             by_prefix[k].append(round(chi2_sf(st, d), 4))
         out.append({"position": i + 1, "chi2": round(stat, 2), "df": df, "p": chi2_sf(stat, df)})
     return {
@@ -83,6 +87,7 @@ def homogeneity(a: Sequence[Sequence[Sequence[int]]], b: Sequence[Sequence[Seque
         "by_position": out,
         # Each prefix's own p per position: which prefix a summed failure comes from.
         "p_by_prefix": by_prefix,
+        "excluded": sorted(k for k in exclude if 0 <= k < len(a)),
         "min_p": min(x["p"] for x in out) if out else None,
         "log10_min_p": round(math.log10(max(min(x["p"] for x in out), 1e-300)), 2) if out else None,
     }
@@ -109,3 +114,25 @@ def kept_tokens(logits: Sequence[float], temperature: float, top_k: int, top_p: 
     kept = frozenset(int(t) for t, b, q in zip(order, before, probs, strict=True) if q > 0 and b < top_p)
     margin = float((before[live] - top_p).abs().min()) if top_p < 1 else math.inf
     return kept | {int(order[0])}, margin
+
+
+def near_tie_prefix(
+    logits: Sequence[float], temperature: float, top_k: int, top_p: float, move: Callable[[float], float]
+) -> dict | None:
+    """Whether a prefix's first-token kept set (``kept_tokens``) is within rounding of changing: the
+    first of its top-k logits that, moved up or down by ``move(logit)`` (rounding's reach at that
+    logit: one step of the engine's dtype at its size, or what the target's own configurations were
+    measured to move), changes the set, as {token, shift, kept}; None where no such move changes it.
+    There the two-sample test of that prefix measures rounding, not the sampler."""
+    if top_p >= 1 and not 0 < top_k < len(logits):
+        return None  # no cut: every token is kept whatever the logits
+    kept = kept_tokens(logits, temperature, top_k, top_p)[0]
+    ranked = sorted(range(len(logits)), key=lambda t: -logits[t])[: top_k if top_k > 0 else len(logits)]
+    for t in ranked:
+        for sign in (1, -1):
+            shift = sign * move(logits[t])
+            moved = [*logits[:t], logits[t] + shift, *logits[t + 1 :]]
+            other = kept_tokens(moved, temperature, top_k, top_p)[0]
+            if other != kept:
+                return {"token": t, "shift": shift, "kept": sorted(kept), "kept_moved": sorted(other)}
+    return None
