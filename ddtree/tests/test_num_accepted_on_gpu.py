@@ -104,3 +104,13 @@ def test_prepare_inputs_waits_for_the_host_copy_only_without_it(patched_source):
                     waits.append(ast.unparse(node.test))
     assert len(waits) == 1
     assert "not self._ddtree_num_accepted_on_gpu(num_reqs, bool(prev_req_id_to_index))" in waits[0]
+    # The release's fill with 1 stays for runners without the event only: an `else` there would
+    # overwrite the carried counts every step.
+    (guarded,) = [
+        node
+        for node in ast.walk(prepare)
+        if isinstance(node, ast.If) and "_ddtree_num_accepted_on_gpu" in ast.unparse(node.test)
+    ]
+    (fallback,) = guarded.orelse
+    assert isinstance(fallback, ast.If)
+    assert ast.unparse(fallback.test) == "self.num_accepted_tokens_event is None"

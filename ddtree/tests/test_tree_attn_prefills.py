@@ -23,6 +23,7 @@ from ddtree.tests import release_files
 
 TREE_ATTN = "vllm/v1/attention/backends/tree_attn.py"
 UTILS = "vllm/v1/attention/backends/utils.py"
+RUNNER = "vllm/v1/worker/gpu_model_runner.py"
 
 
 def module_function(source: str, name: str, namespace: dict):
@@ -57,16 +58,17 @@ def build_calls() -> dict[str, dict[str, str]]:
     return out
 
 
-def metadata(query_lens: list[int], prefilling: list[bool] | None):
+def metadata(query_lens: list[int], prefilling: list[bool] | None, tokens: int | None = None):
     """A step's attention metadata as the split reads it (requests ordered as the builder's
-    reorder leaves them: decodes first, prompts last)."""
+    reorder leaves them: decodes first, prompts last; a CUDA graph's padding rows last, with no
+    tokens of their own, ``tokens`` the padded count)."""
     starts = [0]
     for n in query_lens:
         starts.append(starts[-1] + n)
     return SimpleNamespace(
         max_query_len=max(query_lens),
         num_reqs=len(query_lens),
-        num_actual_tokens=starts[-1],
+        num_actual_tokens=tokens or starts[-1],
         query_start_loc_cpu=torch.tensor(starts),
         is_prefilling=None if prefilling is None else torch.tensor(prefilling),
     )
@@ -101,6 +103,26 @@ def test_a_request_in_its_prompt_is_a_prefill(split, build_calls, query_lens, pr
     assert as_builder(split, build_calls["patched"], metadata(query_lens, prefilling)) == expected
 
 
-def test_capture_metadata_without_prefill_flags_splits_as_released(split, build_calls):
-    cad = metadata([33, 33], None)
+def test_a_padded_graph_batch_stays_all_decodes(split, build_calls):
+    """Three tree steps padded to a graph of four requests: the padding row has no tokens, and the
+    runner never flags it as a prompt, so the split is the release's. A stale flag there (the input
+    batch keeps a departed request's values) would make it a prefill and shrink the decode part the
+    graph was captured with."""
+    cad = metadata([33, 33, 33, 0], [False, False, False, False], tokens=132)
     assert as_builder(split, build_calls["patched"], cad) == as_builder(split, build_calls["pristine"], cad)
+    assert as_builder(split, build_calls["patched"], cad) == (4, 0, 132, 0)
+    stale = metadata([33, 33, 33, 0], [False, False, False, True], tokens=132)
+    assert as_builder(split, build_calls["patched"], stale) == (3, 1, 99, 33)
+
+
+def test_padding_rows_are_never_flagged_as_prompts():
+    """The runner clears the flags past the batch's real requests right where it computes them."""
+    source = release_files.patched([RUNNER])[RUNNER].decode()
+    fn = next(
+        n
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.FunctionDef) and n.name == "_build_attention_metadata"
+    )
+    lines = [ast.unparse(stmt) for stmt in fn.body]
+    computed = lines.index("is_prefilling = num_computed_tokens_cpu < num_prompt_tokens_cpu")
+    assert lines[computed + 1] == "is_prefilling[num_reqs:] = False"

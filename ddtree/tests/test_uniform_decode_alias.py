@@ -88,6 +88,12 @@ def test_verification_steps_stay_uniform_decodes(is_uniform, guard, batch):
     assert decide(is_uniform, guard, a_runner([15] * batch), object(), [16] * batch) is True
 
 
+def test_a_request_with_no_drafts_left_past_its_prompt_is_still_a_decode(is_uniform, guard):
+    # 0 drafts (all rolled back, e.g. by a grammar) past the prompt: the shape decides, as released.
+    assert guard(a_runner([0, 15]), object(), 2) is None
+    assert decide(is_uniform, guard, a_runner([0, 15]), object(), [1, 16]) is False  # shapes differ
+
+
 def test_ddtree_budget_steps_stay_uniform_decodes(is_uniform, guard):
     # DDTree 64 verifies 65 tokens a request (num_speculative_tokens is the budget there).
     assert decide(is_uniform, guard, a_runner([64, 64]), object(), [65, 65], query_len=65) is True
