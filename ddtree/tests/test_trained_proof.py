@@ -279,3 +279,55 @@ def test_a_near_tie_prefix_is_left_out_of_the_sampled_verdict_but_a_broken_walk_
     broken_v = s["distribution"]["ddtree32_bf16_broken"]["qwen"]
     assert broken_v["judged"]["prefixes"] == [1, 2, 3] and broken_v["judged"]["min_p"] < 1e-100
     assert broken_v["passes"] is False
+
+
+class _Engine:
+    """vLLM's engine as ``stepwise`` drives it: each step gives every request in flight one token
+    (request ``i`` finishes after ``lengths[i]``), and it records which requests ran in each step."""
+
+    def __init__(self, lengths: list[int]):
+        self.lengths, self.live, self.steps = lengths, {}, []
+
+    def add_request(self, rid, prompt, params):
+        self.live[rid] = [int(rid.split("-")[1]), 0]
+
+    def has_unfinished_requests(self):
+        return bool(self.live)
+
+    def step(self):
+        from types import SimpleNamespace
+
+        self.steps.append(sorted(i for i, _ in self.live.values()))
+        outs = []
+        for rid, state in list(self.live.items()):
+            state[1] += 1
+            done = state[1] >= self.lengths[state[0]]
+            token = SimpleNamespace(token_ids=[100 + state[0]], logprobs=None)
+            outs.append(SimpleNamespace(request_id=rid, finished=done, outputs=[token]))
+            if done:
+                del self.live[rid]
+        return outs
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_mixed_phase_adds_a_prompt_as_one_finishes_and_groups_start_together(monkeypatch, continuous):
+    import sys
+    import types
+    from types import SimpleNamespace
+
+    vllm = types.ModuleType("vllm")
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = dict
+    sampling = types.ModuleType("vllm.sampling_params")
+    sampling.RequestOutputKind = SimpleNamespace(DELTA="delta")
+    for name, mod in (("vllm", vllm), ("vllm.inputs", inputs), ("vllm.sampling_params", sampling)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    engine = _Engine([3, 1, 2, 2])
+    params = SimpleNamespace(clone=lambda: SimpleNamespace())
+    out = proof.stepwise(SimpleNamespace(llm_engine=engine), [[1]] * 4, params, 2, continuous=continuous)
+    assert out["tokens"] == [[100] * 3, [101], [102] * 2, [103] * 2]  # in prompt order, whatever the schedule
+    if continuous:
+        # prompt 2 joins the step after prompt 1 finishes, beside prompt 0 still running
+        assert engine.steps == [[0, 1], [0, 2], [0, 2], [3], [3]]
+    else:
+        assert engine.steps == [[0, 1], [0], [0], [2, 3], [2, 3]]

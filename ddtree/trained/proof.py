@@ -8,8 +8,9 @@ Every engine run is one ``vllm.LLM`` in its own process (``gen``) for one method
 the DFlash chain of 15, DDTree at budgets 15 / 32 / 64), dtype, graph mode and scheduling. Its phases:
 
 - ``greedy``: the pair's 64 held-out prompts (16 to 1500 tokens), 128 tokens each, at batch 1 (one
-  prompt at a time), batch 4 (the first 16 prompts in fours) and batch 8 (all, in eights), read
-  step by step: every engine step's new tokens per request are that step's accepted nodes plus its
+  prompt at a time), batch 4 (the first 16 prompts in fours), batch 8 (all, in eights that start
+  together) and mixed (all, eight in flight, the next joining as one finishes, so prompts are
+  prefilled beside other requests' verification, as a server batches), read step by step: every engine step's new tokens per request are that step's accepted nodes plus its
   bonus token. The target alone also records its two best logits at every token (near-ties).
 - ``sampled``: the same prompts at temperature 0.7, top-p 0.95, top-k 20, batch 1 and 8: acceptance.
 - ``distribution``: ``SAMPLES`` samples of the next 4 tokens from each of the pair's 4 fixed prefixes,
@@ -176,23 +177,35 @@ def poison_drafter() -> None:
     qwen3_dflash.DFlashQwen3ForCausalLM.compute_logits = compute_logits
 
 
-def stepwise(llm, prompts: list[list[int]], params, batch: int) -> dict:
-    """Token ids, new tokens per engine step (per request) and, with logprobs, the two best logits."""
+def stepwise(llm, prompts: list[list[int]], params, batch: int, continuous: bool = False) -> dict:
+    """Token ids, new tokens per engine step (per request) and, with logprobs, the two best logits.
+
+    The prompts run in groups of ``batch`` that start together, or, ``continuous``, with ``batch`` in
+    flight and the next prompt added as soon as one finishes, as a server batches: new prompts are then
+    prefilled in the same steps as the others' verification, which groups never do."""
+    import itertools
+
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
     params = params.clone()
     params.output_kind = RequestOutputKind.DELTA
     engine = llm.llm_engine
-    tokens, steps, top2 = [], [], []
-    for lo in range(0, len(prompts), batch):
-        group = prompts[lo : lo + batch]
-        ids = [f"{time.monotonic_ns()}-{i}" for i in range(len(group))]
-        got = {r: ([], [], []) for r in ids}
-        for rid, p in zip(ids, group, strict=True):
-            engine.add_request(rid, TokensPrompt(prompt_token_ids=p), params)
+    stamp = time.monotonic_ns()
+    rids = [f"{stamp}-{i}" for i in range(len(prompts))]
+    got: dict[str, tuple[list, list, list]] = {r: ([], [], []) for r in rids}
+    waiting = iter(range(len(prompts)))
+
+    def add(n: int) -> None:
+        for i in itertools.islice(waiting, n):
+            engine.add_request(rids[i], TokensPrompt(prompt_token_ids=prompts[i]), params)
+
+    for _ in range(1 if continuous else -(-len(prompts) // batch)):
+        add(batch)
         while engine.has_unfinished_requests():
             for out in engine.step():
+                if continuous and out.finished:
+                    add(1)
                 o = out.outputs[0]
                 new = list(o.token_ids)
                 if not new:
@@ -202,11 +215,7 @@ def stepwise(llm, prompts: list[list[int]], params, batch: int) -> dict:
                 s.append(len(new))
                 if o.logprobs:
                     lp += [_best(step, tok) for step, tok in zip(o.logprobs, new, strict=True)]
-        for rid in ids:
-            t, s, lp = got[rid]
-            tokens.append(t)
-            steps.append(s)
-            top2.append(lp)
+    tokens, steps, top2 = ([got[r][k] for r in rids] for k in range(3))
     return {"tokens": tokens, "steps": steps, "top2": top2 if any(top2) else None}
 
 
@@ -244,7 +253,7 @@ def cmd_gen(a: argparse.Namespace) -> int:
     spread = one_per_length(pair_prompts)
     ids = spread if mode_run(cfg) else list(range(len(prompts)))
     for phase, params, batches in (
-        ("greedy", greedy, {"batch1": (ids, 1), "batch4": (spread, 4), "batch8": (ids, 8)}),
+        ("greedy", greedy, {"batch1": (ids, 1), "batch4": (spread, 4), "batch8": (ids, 8), "mixed": (ids, 8)}),
         ("sampled", sampled, {"batch1": (ids, 1), "batch8": (ids, 8)}),
     ):
         if phase not in phases:
@@ -252,7 +261,7 @@ def cmd_gen(a: argparse.Namespace) -> int:
         for key, (pids, b) in batches.items():
             t = time.time()
             m0 = pp_metrics(llm)
-            out = stepwise(llm, [prompts[i] for i in pids], params, b)
+            out = stepwise(llm, [prompts[i] for i in pids], params, b, continuous=key == "mixed")
             out["prompt_ids"] = pids
             out["seconds"] = round(time.time() - t, 2)
             out["metrics"] = _pair_proof()._delta(pp_metrics(llm), m0)
@@ -353,7 +362,7 @@ def mode_key(cfg: dict) -> str:
     return f"{cfg['dtype']}{'_graphs' if cfg['graphs'] else ''}"
 
 
-GREEDY_KEYS = ("greedy_batch1", "greedy_batch4", "greedy_batch8")
+GREEDY_KEYS = ("greedy_batch1", "greedy_batch4", "greedy_batch8", "greedy_mixed")
 
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -622,7 +631,7 @@ def summarise(pair: str, out: str) -> dict:
         summary["real_text"][name] = real_text(r, ref)
         if ref is not None and r is not ref and "greedy_batch1" in r and not cfg["treeattn"]:
             summary["identity"][name] = judge_identity(ref, r, cfg["dtype"], bound.get(cfg["dtype"], 0.0))
-        for key in ("greedy_batch1", "greedy_batch8", "sampled_batch1", "sampled_batch8"):
+        for key in ("greedy_batch1", "greedy_batch8", "greedy_mixed", "sampled_batch1", "sampled_batch8"):
             if key in r and cfg["method"] is not None:
                 summary["acceptance"].setdefault(name, {})[key] = acceptance(r[key]["steps"], GEN_TOKENS, DEPTH)
         # A nan run's drafter is broken on purpose every third pass: its steps are not the reference's.
