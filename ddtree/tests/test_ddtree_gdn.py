@@ -18,7 +18,13 @@ import torch
 import torch.nn.functional as F
 
 from ddtree.tests import release_files
-from ddtree.tests.vllm_modules import GDN_KERNELS, load_ddtree_runtime, load_gdn_kernels
+from ddtree.tests.vllm_modules import (
+    GDN_KERNELS,
+    TREE_PARENTS,
+    committed_tree_step,
+    load_ddtree_runtime,
+    load_gdn_kernels,
+)
 
 pytestmark = [
     pytest.mark.skipif(
@@ -254,7 +260,7 @@ def test_the_next_step_resumes_from_the_last_accepted_node(kernels):
     """A tree step, the walk, the commit, then the stock kernels on one more token, on both paths a
     next step can take (spec decoding, and no drafts at all): the reference over the path alone."""
     ddtree = load_ddtree_runtime()
-    parents = [-1, 0, 0, 1, 2, 4]  # rows; nodes are rows 1..5 (node n = row n + 1)
+    parents = list(TREE_PARENTS)  # rows; nodes are rows 1..5 (node n = row n + 1)
     n = len(parents) - 1
     rows = [n + 1]
     x, conv_state, weight, bias = conv_inputs(rows, budget=n, seed=11)
@@ -267,19 +273,7 @@ def test_the_next_step_resumes_from_the_last_accepted_node(kernels):
 
     # The walk accepted nodes 1, 3, 4 (rows 2, 4, 5): a path off the first rows.
     runtime = ddtree.DDTreeRuntime(budget=n, depth=3, device=torch.device("cpu"), max_num_reqs=4, max_num_tokens=16)
-    runtime._step = ddtree._StepTrees(
-        num_reqs=1,
-        has_drafts=torch.tensor([True]),
-        has_tree=torch.tensor([True]),
-        num_drafts=torch.tensor([n]),
-        query_start=torch.tensor([0]),
-        parent=torch.tensor([[p - 1 for p in parents[1:]]]),
-        depth=torch.tensor([[1, 1, 2, 2, 3]]),
-        ancestor_mask=torch.ones(1, n + 1, n + 1, dtype=torch.bool),
-        seq_positions=torch.zeros(n + 1, dtype=torch.int64),
-        accepted_nodes=torch.tensor([[1, 3, 4]]),
-        num_accepted=torch.tensor([3]),
-    )
+    runtime._step = committed_tree_step(ddtree)
     # The request's conv line is its first state slot in vLLM; here the two tensors were made
     # apart, so each gets a group of its own with the request's slots (conv line 1).
     conv_slots = torch.zeros_like(indices)

@@ -18,7 +18,13 @@ import pytest
 import torch
 
 from ddtree.tests import release_files
-from ddtree.tests.vllm_modules import GDN_KERNELS, load_ddtree_runtime, load_gdn_kernels
+from ddtree.tests.vllm_modules import (
+    GDN_KERNELS,
+    TREE_PARENTS,
+    committed_tree_step,
+    load_ddtree_runtime,
+    load_gdn_kernels,
+)
 
 INTERPRETER = not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "1"
 needs_interpreter = pytest.mark.skipif(not INTERPRETER, reason="runs the kernels in Triton's interpreter (CPU)")
@@ -199,7 +205,7 @@ def kernels(tmp_path_factory):
 
 
 H_FULL, HV_FULL, K, VD = 2, 4, 16, 16  # key heads, value heads (2 value heads per key head), dims
-PARENTS = [-1, 0, 0, 1, 2, 4]  # one request's rows: siblings, a branch off row 2
+PARENTS = list(TREE_PARENTS)  # one request's rows: siblings, a branch off row 2
 WIDTH, DIM = 4, 32  # convolution width, channels (sharded by TP too)
 
 
@@ -304,19 +310,7 @@ def test_each_rank_commits_its_shard_of_the_accepted_path_as_the_unsharded_commi
 
     def commit(conv, ssm, kv):
         rt = dd.DDTreeRuntime(budget=n, depth=3, device=torch.device("cpu"), max_num_reqs=2, max_num_tokens=16)
-        rt._step = dd._StepTrees(
-            num_reqs=1,
-            has_drafts=torch.tensor([True]),
-            has_tree=torch.tensor([True]),
-            num_drafts=torch.tensor([n]),
-            query_start=torch.tensor([0]),
-            parent=torch.tensor([[p - 1 for p in PARENTS[1:]]]),
-            depth=torch.tensor([[1, 1, 2, 2, 3]]),
-            ancestor_mask=torch.ones(1, n + 1, n + 1, dtype=torch.bool),
-            seq_positions=torch.zeros(n + 1, dtype=torch.int64),
-            accepted_nodes=torch.tensor([[1, 3, 4]]),
-            num_accepted=torch.tensor([3]),
-        )
+        rt._step = committed_tree_step(dd)
         slots = torch.tensor([[1, 2, 3, 4, 5, 6]])
         rt.compact(
             [(slot_mapping, [kv])],

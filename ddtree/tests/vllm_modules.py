@@ -74,6 +74,32 @@ def load_ddtree_runtime() -> types.ModuleType:
     return _load("vllm.v1.spec_decode.ddtree", FILES / "vllm-0.20.1" / "added" / "ddtree.py")
 
 
+# One request's tree of five drafts (rows: the root, then node n at row n + 1): siblings, and a
+# branch off row 2. The GDN and tensor-parallel tests verify it and commit the walk's path.
+TREE_PARENTS = (-1, 0, 0, 1, 2, 4)
+
+
+def committed_tree_step(dd: types.ModuleType):
+    """The DDTree runtime's step (module ``dd``) after verifying TREE_PARENTS and accepting nodes 1,
+    3 and 4 (rows 2, 4 and 5): a path off the first rows."""
+    import torch
+
+    n = len(TREE_PARENTS) - 1
+    return dd._StepTrees(
+        num_reqs=1,
+        has_drafts=torch.tensor([True]),
+        has_tree=torch.tensor([True]),
+        num_drafts=torch.tensor([n]),
+        query_start=torch.tensor([0]),
+        parent=torch.tensor([[p - 1 for p in TREE_PARENTS[1:]]]),
+        depth=torch.tensor([[1, 1, 2, 2, 3]]),
+        ancestor_mask=torch.ones(1, n + 1, n + 1, dtype=torch.bool),
+        seq_positions=torch.zeros(n + 1, dtype=torch.int64),
+        accepted_nodes=torch.tensor([[1, 3, 4]]),
+        num_accepted=torch.tensor([3]),
+    )
+
+
 GDN_KERNELS = {
     "fused_sigmoid_gating": "vllm/model_executor/layers/fla/ops/fused_sigmoid_gating.py",
     "causal_conv1d": "vllm/model_executor/layers/mamba/ops/causal_conv1d.py",
