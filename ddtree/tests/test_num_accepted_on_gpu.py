@@ -102,15 +102,29 @@ def test_prepare_inputs_waits_for_the_host_copy_only_without_it(patched_source):
             for stmt in node.body:
                 if "num_accepted_tokens_event.synchronize()" in ast.unparse(stmt):
                     waits.append(ast.unparse(node.test))
-    assert len(waits) == 1
-    assert "not self._ddtree_num_accepted_on_gpu(num_reqs, bool(prev_req_id_to_index))" in waits[0]
+    assert waits == ["self.num_accepted_tokens_event is not None and (not carried)"]
+    (carry,) = [
+        ast.unparse(node.value)
+        for node in ast.walk(prepare)
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["carried"]
+    ]
+    assert carry == (
+        "self.num_accepted_tokens_event is not None and "
+        "self._ddtree_num_accepted_on_gpu(num_reqs, bool(prev_req_id_to_index))"
+    )
     # The release's fill with 1 stays for runners without the event only: an `else` there would
     # overwrite the carried counts every step.
-    (guarded,) = [
-        node
-        for node in ast.walk(prepare)
-        if isinstance(node, ast.If) and "_ddtree_num_accepted_on_gpu" in ast.unparse(node.test)
-    ]
+    (guarded,) = [node for node in ast.walk(prepare) if isinstance(node, ast.If) and ast.unparse(node.test) == waits[0]]
     (fallback,) = guarded.orelse
     assert isinstance(fallback, ast.If)
     assert ast.unparse(fallback.test) == "self.num_accepted_tokens_event is None"
+    # The carry put prev_positions on the GPU already: the async spec-decode update copies it only
+    # where the carry did not run.
+    copies = [
+        (node, stmt)
+        for node in ast.walk(prepare)
+        if isinstance(node, ast.If)
+        for stmt in node.body
+        if ast.unparse(stmt) == "self.prev_positions.copy_to_gpu(num_reqs)"
+    ]
+    assert [ast.unparse(node.test) for node, _ in copies] == ["not carried"]
