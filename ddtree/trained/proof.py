@@ -33,7 +33,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -183,8 +185,6 @@ def stepwise(llm, prompts: list[list[int]], params, batch: int, continuous: bool
     The prompts run in groups of ``batch`` that start together, or, ``continuous``, with ``batch`` in
     flight and the next prompt added as soon as one finishes, as a server batches: new prompts are then
     prefilled in the same steps as the others' verification, which groups never do."""
-    import itertools
-
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
@@ -200,7 +200,7 @@ def stepwise(llm, prompts: list[list[int]], params, batch: int, continuous: bool
         for i in itertools.islice(waiting, n):
             engine.add_request(rids[i], TokensPrompt(prompt_token_ids=prompts[i]), params)
 
-    for _ in range(1 if continuous else -(-len(prompts) // batch)):
+    for _ in range(1 if continuous else math.ceil(len(prompts) / batch)):
         add(batch)
         while engine.has_unfinished_requests():
             for out in engine.step():
