@@ -331,3 +331,87 @@ def test_mixed_phase_adds_a_prompt_as_one_finishes_and_groups_start_together(mon
         assert engine.steps == [[0, 1], [0, 2], [0, 2], [3], [3]]
     else:
         assert engine.steps == [[0, 1], [0], [0], [2, 3], [2, 3]]
+
+
+def _fake_walk_module(monkeypatch):
+    """``vllm.v1.spec_decode.ddtree`` as the broken walk patches it: ``walk_trees`` returns what it was given."""
+    import sys
+    import types
+
+    mod = types.ModuleType("vllm.v1.spec_decode.ddtree")
+    mod.walk_trees = lambda tree, target_tokens: target_tokens
+    pkg = types.ModuleType("vllm.v1.spec_decode")
+    pkg.ddtree = mod
+    for name, m in (("vllm", types.ModuleType("vllm")), ("vllm.v1", types.ModuleType("vllm.v1"))):
+        monkeypatch.setitem(sys.modules, name, m)
+    monkeypatch.setitem(sys.modules, "vllm.v1.spec_decode", pkg)
+    monkeypatch.setitem(sys.modules, "vllm.v1.spec_decode.ddtree", mod)
+    return mod
+
+
+def test_the_broken_walk_counts_the_choices_it_forces(monkeypatch):
+    import torch
+
+    mod = _fake_walk_module(monkeypatch)
+    counts = proof.break_walk()
+    # one request, root + 3 nodes: node 0 (token 7) and node 1 (token 8) are children of the root, node 2
+    # (token 9) of node 0; the target chose 7 at the root and 5 at node 0
+    tree = _tree(tokens=[[7, 8, 9]], parent=[[-1, -1, 0]])
+    got = mod.walk_trees(tree, torch.tensor([[7, 5, 0, 0]]))
+    assert got.tolist() == [[7, 9, 0, 0]]  # the root's first child (7) and node 0's first child (9)
+    assert counts == {"walks": 1, "forced_nodes": 1}
+    assert proof.sabotage_engaged({"sabotage": counts}) is True
+    assert proof.sabotage_engaged({"sabotage": {"walks": 4, "forced_nodes": 0}}) is False
+    assert proof.sabotage_engaged({}) is None
+
+
+def _tree(tokens, parent):
+    from types import SimpleNamespace
+
+    import torch
+
+    return SimpleNamespace(tokens=torch.tensor(tokens), parent=torch.tensor(parent))
+
+
+def test_a_broken_run_whose_walk_never_ran_is_reported_as_not_engaged(tmp_path):
+    samples = [[[1, 2, 3, 4]] * 50 for _ in range(4)]
+    for name, extra in (
+        ("target_bf16_dist", {}),
+        ("ddtree32_bf16_broken", {"sabotage": {"walks": 0, "forced_nodes": 0}}),
+        ("ddtree32_bf16_nan", {"sabotage": {"drafter_passes": 30, "poisoned": 10}}),
+    ):
+        (tmp_path / f"{name}.json").write_text(
+            json.dumps({"config": proof.run_config(name), "distribution": {"qwen": {"samples": samples}}} | extra)
+        )
+    s = proof.summarise(str(tmp_path / "no-pair"), str(tmp_path))
+    assert s["sabotage"]["ddtree32_bf16_broken"]["engaged"] is False
+    assert s["sabotage"]["ddtree32_bf16_nan"] == {"counts": {"drafter_passes": 30, "poisoned": 10}, "engaged": True}
+
+
+def test_an_engine_run_keeps_the_engine_core_in_its_own_process(tmp_path, monkeypatch):
+    """The sabotage patches this process's modules: a spawned engine core would run unpatched."""
+    import os
+    import sys
+    import types
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    seen = {}
+
+    class Started(Exception):
+        pass
+
+    def start(**kwargs):
+        seen["mp"] = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
+        raise Started
+
+    vllm = types.ModuleType("vllm")
+    vllm.LLM, vllm.SamplingParams = start, object
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = dict
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    monkeypatch.setattr(proof, "engine_kwargs", lambda pair, cfg: {})
+    (tmp_path / "prompts.json").write_text(json.dumps({"prompts": [[1]]}))
+    with pytest.raises(Started):
+        proof.cmd_gen(types.SimpleNamespace(name="target_bf16", pair=str(tmp_path), result="x", phases="greedy"))
+    assert seen["mp"] == "0"

@@ -139,12 +139,15 @@ def engine_kwargs(pair: str, cfg: dict) -> dict:
     return kw
 
 
-def break_walk() -> None:
-    """The broken variant: at every node with a child, 'the target chose' the first child's token."""
-    import torch
+def break_walk() -> dict:
+    """The broken variant: at every node with a child, 'the target chose' the first child's token.
+
+    Returns its counts, which the run records: a broken run whose walk never ran, or never changed a
+    choice, shows nothing about the test's power (``sabotage_engaged``)."""
     from vllm.v1.spec_decode import ddtree
 
     real = ddtree.walk_trees
+    counts = {"walks": 0, "forced_nodes": 0}
 
     def walk_drafter_first(tree, target_tokens):
         forced = target_tokens.clone()
@@ -156,27 +159,40 @@ def break_walk() -> None:
                 if int(tokens[r, j]) >= 0 and p not in seen:
                     seen.add(p)
                     forced[r, p + 1] = tokens[r, j]
+        counts["walks"] += 1
+        counts["forced_nodes"] += int((forced != target_tokens).sum())
         return real(tree, forced.to(target_tokens.dtype))
 
     ddtree.walk_trees = walk_drafter_first
-    assert torch is not None
+    return counts
 
 
-def poison_drafter() -> None:
-    """Every third drafter pass, the first request's draft logits become NaN (``nan`` runs)."""
+def poison_drafter() -> dict:
+    """Every third drafter pass, the first request's draft logits become NaN (``nan`` runs).
+    Returns its counts, which the run records (``sabotage_engaged``)."""
     from vllm.model_executor.models import qwen3_dflash
 
     real = qwen3_dflash.DFlashQwen3ForCausalLM.compute_logits
-    calls = [0]
+    counts = {"drafter_passes": 0, "poisoned": 0}
 
     def compute_logits(self, hidden_states):
         logits = real(self, hidden_states)
-        calls[0] += 1
-        if logits is not None and calls[0] % 3 == 0:
+        counts["drafter_passes"] += 1
+        if logits is not None and counts["drafter_passes"] % 3 == 0:
             logits[:DEPTH] = float("nan")
+            counts["poisoned"] += 1
         return logits
 
     qwen3_dflash.DFlashQwen3ForCausalLM.compute_logits = compute_logits
+    return counts
+
+
+def sabotage_engaged(run: dict) -> bool | None:
+    """Whether a broken or nan run's sabotage changed anything (None: a run recorded before the counts)."""
+    counts = run.get("sabotage")
+    if counts is None:
+        return None
+    return counts.get("forced_nodes", 0) > 0 or counts.get("poisoned", 0) > 0
 
 
 def stepwise(llm, prompts: list[list[int]], params, batch: int, continuous: bool = False) -> dict:
@@ -225,14 +241,15 @@ def _best(step: dict, chosen: int) -> list[list[float]]:
 
 
 def cmd_gen(a: argparse.Namespace) -> int:
+    # The engine core runs in this process, whatever the caller's environment: the broken walk and the
+    # poisoned drafter patch this process's modules, and vLLM starts a separate engine core by spawning
+    # once CUDA is initialised (the hybrid's set-up initialises it), which would never see the patches.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     cfg = run_config(a.name)
-    if cfg["broken"]:
-        break_walk()
-    if cfg["nan"]:
-        poison_drafter()
+    sabotage = break_walk() if cfg["broken"] else poison_drafter() if cfg["nan"] else None
     pair_prompts = json.loads(Path(a.pair, "prompts.json").read_text())
     prompts = pair_prompts["prompts"]
     kw = engine_kwargs(a.pair, cfg)
@@ -240,6 +257,8 @@ def cmd_gen(a: argparse.Namespace) -> int:
     llm = LLM(**kw)
     res: dict = {"name": a.name, "config": cfg, "kwargs": {k: str(v) for k, v in kw.items()}}
     res["init_s"] = round(time.time() - t0, 1)
+    if sabotage is not None:
+        res["sabotage"] = sabotage  # updated as the engine runs, written with every phase
     greedy = SamplingParams(
         temperature=0,
         max_tokens=GEN_TOKENS,
@@ -603,7 +622,15 @@ def summarise(pair: str, out: str) -> dict:
     reference = None
     if Path(out, "reference.json").exists():
         reference = json.loads(Path(out, "reference.json").read_text())
-    summary: dict = {"runs": {}, "identity": {}, "real_text": {}, "acceptance": {}, "reference": {}, "distribution": {}}
+    summary: dict = {
+        "runs": {},
+        "identity": {},
+        "real_text": {},
+        "acceptance": {},
+        "reference": {},
+        "distribution": {},
+        "sabotage": {},  # a broken walk or NaN drafter that changed nothing proves nothing
+    }
     targets = {
         mode_key(r["config"]): r
         for r in runs.values()
@@ -627,6 +654,8 @@ def summarise(pair: str, out: str) -> dict:
         if "config" not in r:
             continue
         cfg = r["config"]
+        if cfg["broken"] or cfg["nan"]:
+            summary["sabotage"][name] = {"counts": r.get("sabotage"), "engaged": sabotage_engaged(r)}
         ref = targets.get(mode_key(cfg))
         summary["real_text"][name] = real_text(r, ref)
         if ref is not None and r is not ref and "greedy_batch1" in r and not cfg["treeattn"]:
@@ -812,6 +841,7 @@ def record(pair: str, summary: dict, meta: dict) -> dict:
         "reference_margin_quantiles": summary.get("reference_margin_quantiles"),
         "reference_mask_walk_mismatch": summary.get("reference_mask_walk_mismatch"),
         "distribution": summary["distribution"],
+        "sabotage": summary.get("sabotage", {}),
         "sampled_prefix_top_p_margin": summary.get("sampled_prefix_top_p_margin"),
         "sampled_prefix_near_ties": summary.get("sampled_prefix_near_ties"),
         "runs": {r: v for r, v in summary["runs"].items()},
