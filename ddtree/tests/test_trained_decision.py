@@ -26,8 +26,8 @@ def test_ratio_is_acceptance_times_step_cost(tmp_path):
     costs.write_text(json.dumps({"rows": rows}))
     summary = _summary(
         {
-            "chain_bf16": {"greedy_batch1": 2.0},
-            "ddtree15_bf16": {"greedy_batch1": 2.5},
+            "chain_bf16": {"greedy_batch1": 2.0, "greedy_mixed": 7.0},  # mixed has no one batch size
+            "ddtree15_bf16": {"greedy_batch1": 2.5, "greedy_mixed": 7.0},
             "ddtree15_fp16": {"greedy_batch1": 9.0},  # only bf16 eager runs count
         }
     )

@@ -54,6 +54,8 @@ def mean_lengths(summary: dict) -> dict[tuple[str, str, int], float]:
             continue
         for phase, a in phases.items():
             kind, _, batch = phase.partition("_batch")
+            if not batch:  # greedy_mixed: no one batch size, so no step cost of record to pair it with
+                continue
             temp = {"greedy": "T=0", "sampled": "T=0.7"}[kind]
             if a.get("mean_acceptance_length"):
                 out[(method, temp, int(batch))] = a["mean_acceptance_length"]
