@@ -94,6 +94,8 @@ def test_which_modules_count_as_needing_torch(tmp_path: Path) -> None:
         "test_gdn_replay.py",
         "test_gdn_verify_bench.py",
         "test_num_accepted_on_gpu.py",
+        "test_trained_models.py",
+        "test_trained_proof.py",
         "test_tree_attn_prefills.py",
     ]
     cases = {
@@ -104,6 +106,9 @@ def test_which_modules_count_as_needing_torch(tmp_path: Path) -> None:
         "import torchaudio\n": False,
         "from . import torch\n": False,
         "# import torch\n": False,
+        'torch = pytest.importorskip("torch")\n': True,
+        'pytest.importorskip("triton")\n': True,
+        'pytest.importorskip("yaml")\n': False,
     }
     for source, want in cases.items():
         path = tmp_path / "test_case.py"

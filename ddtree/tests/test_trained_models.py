@@ -352,3 +352,23 @@ def test_homogeneity_leaves_an_excluded_prefix_out_of_the_sums_exactly():
     assert without["p_by_prefix"] == full["p_by_prefix"]  # the excluded prefix's own p is still there
     assert without["excluded"] == [1] and full["excluded"] == []
     assert full["min_p"] < 1e-6 < without["min_p"]
+
+
+def test_a_deterministic_build_attends_through_the_math_backend_only():
+    """The fused attention backwards accumulate in a nondeterministic order; the build must not use them."""
+    import torch
+
+    from ddtree.trained import build
+
+    cuda = torch.backends.cuda
+    before = (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled())
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    try:
+        build.deterministic()
+        assert not cuda.cudnn_sdp_enabled() and not cuda.flash_sdp_enabled() and not cuda.mem_efficient_sdp_enabled()
+        assert cuda.math_sdp_enabled() and torch.are_deterministic_algorithms_enabled()
+    finally:
+        cuda.enable_cudnn_sdp(before[0])
+        cuda.enable_flash_sdp(before[1])
+        cuda.enable_mem_efficient_sdp(before[2])
+        torch.use_deterministic_algorithms(was_deterministic)

@@ -30,11 +30,28 @@ def imports_torch(path: Path) -> bool:
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
+        elif skip := _importorskip(node):
+            names = [skip]
         else:
             continue
         if any(name.partition(".")[0] in TORCH_PACKAGES for name in names):
             return True
     return False
+
+
+def _importorskip(node: ast.stmt) -> str | None:
+    """The module a top-level ``pytest.importorskip("name")`` (bare or assigned) imports, else None."""
+    call = node.value if isinstance(node, (ast.Expr, ast.Assign)) else None
+    if (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == "importorskip"
+        and call.args
+        and isinstance(call.args[0], ast.Constant)
+        and isinstance(call.args[0].value, str)
+    ):
+        return call.args[0].value
+    return None
 
 
 def set_up_torch() -> None:
