@@ -93,6 +93,7 @@ def test_which_modules_count_as_needing_torch(tmp_path: Path) -> None:
         "test_ddtree_tree.py",
         "test_gdn_replay.py",
         "test_gdn_verify_bench.py",
+        "test_host_copies.py",
         "test_num_accepted_on_gpu.py",
         "test_trained_models.py",
         "test_trained_proof.py",

@@ -48,6 +48,7 @@ TOUCHED = [
     "vllm/model_executor/layers/fla/ops/fused_sigmoid_gating.py",
     "vllm/model_executor/layers/mamba/ops/causal_conv1d.py",
     "vllm/model_executor/layers/mamba/gdn_linear_attn.py",
+    "vllm/v1/attention/backends/gdn_attn.py",
 ]
 ADDED = [
     "vllm/v1/spec_decode/ddtree.py",

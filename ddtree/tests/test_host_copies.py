@@ -1,0 +1,235 @@
+"""While the host prepares a step, its copies to the GPU come from pinned memory (docs/ddtree_patch.md,
+"Preparing a step without waiting for the GPU").
+
+A copy from pageable host memory makes the host wait until every kernel queued before it has run, so
+under async scheduling the GPU idles while the host prepares the next step. vLLM 0.20.1 makes such
+copies on every speculative step: the M-RoPE positions (a strided view of their pinned buffer, which
+torch first copies into pageable memory), their drift (a numpy-indexed gather), the verification's
+index arrays (numpy) and the Gated DeltaNet metadata's row mask (and a CPU mask indexing GPU tensors).
+The change set's versions are taken from the real wheel as it leaves them and run beside the release's
+own code on the same inputs: the values must be the release's exactly, and every copy's source pinned
+(or, without CUDA here, contiguous and handed to ``pin_memory``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+from typing import ClassVar
+
+import numpy as np
+import pytest
+import torch
+
+from ddtree.tests import release_files
+
+RUNNER = "vllm/v1/worker/gpu_model_runner.py"
+GDN = "vllm/v1/attention/backends/gdn_attn.py"
+
+
+@pytest.fixture(scope="module")
+def sources() -> dict[str, dict[str, str]]:
+    return {
+        "pristine": {p: b.decode() for p, b in release_files.pristine([RUNNER, GDN]).items()},
+        "patched": {p: b.decode() for p, b in release_files.patched([RUNNER, GDN]).items()},
+    }
+
+
+def _runner_method(sources, which: str, name: str, **namespace):
+    return release_files.method(sources[which][RUNNER], "GPUModelRunner", name, {"torch": torch, "np": np} | namespace)
+
+
+class _Row:
+    """One row of a stand-in GPU buffer: records what each copy into it was given."""
+
+    def __init__(self, target: torch.Tensor, log: list):
+        self.target, self.log = target, log
+
+    def copy_(self, src: torch.Tensor, non_blocking: bool = False):
+        self.log.append((src.is_contiguous(), non_blocking))
+        self.target.copy_(src)
+
+
+class _Rows:
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor, self.log = tensor, []
+
+    def __getitem__(self, key):
+        return _Row(self.tensor[key], self.log)
+
+
+def test_m_rope_positions_go_row_by_row_from_contiguous_pinned_rows(sources):
+    rows_to_gpu = _runner_method(sources, "patched", "_ddtree_rows_to_gpu", CpuGpuBuffer=object)
+    cpu = torch.arange(3 * 11, dtype=torch.int64).reshape(3, 11)  # (3, max_num_tokens + 1), as vLLM makes it
+    gpu = _Rows(torch.zeros(3, 11, dtype=torch.int64))
+    rows_to_gpu(None, SimpleNamespace(cpu=cpu, gpu=gpu), 7)
+    assert torch.equal(gpu.tensor[:, :7], cpu[:, :7]) and not gpu.tensor[:, 7:].any()
+    assert gpu.log == [(True, True)] * 3  # three copies, each from a contiguous (pinned) row, none blocking
+    assert not cpu[:, :7].is_contiguous()  # the release's one copy: torch stages this view in pageable memory
+
+
+def test_the_position_drift_is_the_releases_from_the_host_values_already_on_the_gpu(sources):
+    drift_of = _runner_method(sources, "patched", "_ddtree_position_drift")
+    host = torch.tensor([5, 9, 20, 3], dtype=torch.int32)  # num_computed_tokens_cpu_tensor: optimistic
+    corrected = torch.tensor([4, 9, 17, 3, 0, 0], dtype=torch.int32)  # the GPU's, after the correction
+    req_indices = np.array([0, 0, 1, 2, 2, 2, 3])
+    runner = SimpleNamespace(num_computed_tokens=corrected)
+    # the release: num_computed_tokens[req_indices_gpu] - host[req_indices] (a pageable, numpy-indexed gather)
+    release = corrected[torch.from_numpy(req_indices)].to(torch.int64) - host[req_indices].to(torch.int64)
+    drift = drift_of(runner, 4, torch.from_numpy(req_indices), host.clone())
+    assert drift.dtype == torch.int64 and drift.tolist() == release.tolist() == [-1, -1, 0, -3, -3, -3, 0]
+    # copied from the host unchanged: nothing drifted, nothing to add
+    assert drift_of(runner, 4, torch.from_numpy(req_indices), None) is None
+
+
+def _spec_runner(sources, which: str, pinned: list):
+    arange = np.arange(64, dtype=np.int64)
+    runner = SimpleNamespace(
+        arange_np=arange,
+        _arange_scratch=np.empty(64, dtype=np.int64),
+        input_ids=SimpleNamespace(gpu=torch.arange(1000, 1300, dtype=torch.int32)),
+        device=torch.device("cpu"),
+        pin_memory=True,
+    )
+    runner._get_cumsum_and_arange = _runner_method(sources, which, "_get_cumsum_and_arange").__get__(runner)
+    if which == "patched":
+        runner._ddtree_host_to_gpu = _runner_method(sources, which, "_ddtree_host_to_gpu").__get__(runner)
+    return runner
+
+
+def test_the_verifications_index_arrays_are_the_releases_through_pinned_memory(sources, monkeypatch):
+    pinned: list[torch.Tensor] = []
+
+    def pin_memory(self):  # what torch.Tensor.pin_memory would copy (no CUDA here)
+        pinned.append(self)
+        return self.clone()
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    metadata = {"SpecDecodeMetadata": lambda **kw: kw}
+    num_draft_tokens = np.array([3, 0, 2, 0, 1], dtype=np.int32)  # the release's own docstring example
+    cu_num_scheduled = np.cumsum(np.array([4, 100, 3, 100, 2], dtype=np.int32))
+    out = {}
+    for which in ("pristine", "patched"):
+        calc = _runner_method(sources, which, "_calc_spec_decode_metadata", **metadata)
+        out[which] = calc(_spec_runner(sources, which, pinned), num_draft_tokens, cu_num_scheduled)
+        if which == "pristine":
+            assert pinned == []  # the release copies straight from numpy's pageable arrays
+    assert out["patched"]["logits_indices"].tolist() == [0, 1, 2, 3, 103, 104, 105, 106, 206, 207, 208]
+    for key, value in out["pristine"].items():
+        if isinstance(value, torch.Tensor):
+            assert out["patched"][key].dtype == value.dtype and torch.equal(out["patched"][key], value), key
+        else:
+            assert out["patched"][key] == value, key
+    assert len(pinned) == 5  # every index array went through pinned memory
+
+
+class _Indexed(torch.Tensor):
+    """A GPU tensor stand-in that records how it is indexed: a CPU bool mask on a GPU tensor copies
+    its indices to the GPU from pageable memory (torch 2.11), which waits for every queued kernel."""
+
+    masks: ClassVar[list] = []
+
+    def __getitem__(self, key):
+        first = key[0] if isinstance(key, tuple) else key
+        if isinstance(first, torch.Tensor) and first.dtype == torch.bool:
+            _Indexed.masks.append(first.tolist())
+        return super().__getitem__(key).as_subclass(torch.Tensor)
+
+
+def _gdn_builder(full_graphs: bool, max_bs: int = 8, num_spec: int = 3):
+    return SimpleNamespace(
+        use_spec_decode=True,
+        num_spec=num_spec,
+        kv_cache_spec=None,
+        vllm_config=SimpleNamespace(cache_config=SimpleNamespace(mamba_cache_mode="none")),
+        use_full_cuda_graph=full_graphs,
+        decode_cudagraph_max_bs=max_bs,
+        spec_state_indices_tensor=torch.full((max_bs, num_spec + 1), -7, dtype=torch.int32),
+        non_spec_state_indices_tensor=torch.full((max_bs,), -7, dtype=torch.int32),
+        spec_sequence_masks=torch.zeros(max_bs, dtype=torch.bool),
+        spec_token_indx=torch.full((max_bs * (num_spec + 1),), -7, dtype=torch.int32),
+        non_spec_token_indx=torch.full((max_bs * (num_spec + 1),), -7, dtype=torch.int32),
+        spec_query_start_loc=torch.full((max_bs + 1,), -7, dtype=torch.int32),
+        non_spec_query_start_loc=torch.full((max_bs + 1,), -7, dtype=torch.int32),
+        num_accepted_tokens=torch.full((max_bs,), -7, dtype=torch.int32),
+    )
+
+
+def _gdn_build(sources, which: str, builder, query_lens: list[int], drafts: list[int], accepted: list[int]):
+    @dataclasses.dataclass
+    class Metadata:  # GDNAttentionMetadata's fields, as the builder fills them
+        num_prefills: int
+        num_prefill_tokens: int
+        num_decodes: int
+        num_decode_tokens: int
+        num_spec_decodes: int
+        num_spec_decode_tokens: int
+        num_actual_tokens: int
+        has_initial_state: object = None
+        chunk_indices: object = None
+        chunk_offsets: object = None
+        spec_query_start_loc: object = None
+        non_spec_query_start_loc: object = None
+        spec_state_indices_tensor: object = None
+        non_spec_state_indices_tensor: object = None
+        spec_sequence_masks: object = None
+        spec_token_indx: object = None
+        non_spec_token_indx: object = None
+        num_accepted_tokens: object = None
+        nums_dict: object = None
+        batch_ptr: object = None
+        token_chunk_offset_ptr: object = None
+
+    namespace = {
+        "torch": torch,
+        "NULL_BLOCK_ID": 0,
+        "GDNAttentionMetadata": Metadata,
+        "mamba_get_block_table_tensor": lambda table, seq_lens, spec, mode: table,
+    }
+    build = release_files.method(sources[which][GDN], "GDNAttentionMetadataBuilder", "build", namespace)
+    starts = torch.tensor([0, *np.cumsum(query_lens)], dtype=torch.int32)
+    rows = len(query_lens)
+    common = SimpleNamespace(
+        query_start_loc=starts.clone(),
+        query_start_loc_cpu=starts.clone(),
+        compute_num_computed_tokens=lambda: torch.full((rows,), 40, dtype=torch.int32),
+        block_table_tensor=torch.arange(rows * 6, dtype=torch.int32).reshape(rows, 6).as_subclass(_Indexed),
+        seq_lens=torch.full((rows,), 50, dtype=torch.int32),
+        num_actual_tokens=int(starts[-1]),
+    )
+    return build(
+        builder,
+        0,
+        common,
+        num_accepted_tokens=torch.tensor(accepted, dtype=torch.int32).as_subclass(_Indexed),
+        num_decode_draft_tokens_cpu=torch.tensor(drafts, dtype=torch.int32),
+    )
+
+
+@pytest.mark.parametrize("full_graphs", [True, False])
+@pytest.mark.parametrize(
+    "query_lens, drafts, accepted",
+    [
+        ([4, 4, 4, 0, 0], [3, 3, 3, -1, -1], [2, 1, 4, 1, 1]),  # every request verifies, padding last
+        ([4], [3], [3]),  # batch 1
+        ([0, 4, 4], [-1, 3, 3], [1, 2, 3]),  # a padded row first: not a prefix, the release's mask
+    ],
+)
+def test_gated_deltanet_metadata_is_the_releases_without_indexing_gpu_tensors_by_a_cpu_mask(
+    sources, full_graphs, query_lens, drafts, accepted
+):
+    got = {}
+    for which in ("pristine", "patched"):
+        _Indexed.masks = []
+        meta = _gdn_build(sources, which, _gdn_builder(full_graphs), query_lens, drafts, accepted)
+        got[which] = (meta, list(_Indexed.masks))
+    (release, release_masks), (changed, changed_masks) = got["pristine"], got["patched"]
+    for field in dataclasses.fields(release):
+        a, b = getattr(release, field.name), getattr(changed, field.name)
+        if isinstance(a, torch.Tensor):
+            assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), field.name
+        else:
+            assert a == b, field.name
+    assert release_masks  # the release indexes the block table and the accepted counts with the CPU mask
+    prefix = drafts[: sum(d >= 0 for d in drafts)] == [d for d in drafts if d >= 0]
+    assert changed_masks == ([] if prefix else release_masks)
