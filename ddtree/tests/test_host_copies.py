@@ -13,6 +13,7 @@ own code on the same inputs: the values must be the release's exactly, and every
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 from types import SimpleNamespace
 from typing import ClassVar
@@ -82,7 +83,24 @@ def test_the_position_drift_is_the_releases_from_the_host_values_already_on_the_
     assert drift_of(runner, 4, torch.from_numpy(req_indices), None) is None
 
 
-def _spec_runner(sources, which: str, pinned: list):
+class _PinningTorch:
+    """torch as ``_ddtree_host_to_gpu`` uses it, where ``empty_like(..., pin_memory=True)`` (which needs
+    CUDA) gives a plain tensor and records it: the pinned snapshots a step's copies read."""
+
+    def __init__(self):
+        self.pinned: list[torch.Tensor] = []
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def empty_like(self, like, pin_memory=False):
+        out = torch.empty_like(like)
+        if pin_memory:
+            self.pinned.append(out)
+        return out
+
+
+def _spec_runner(sources, which: str, shim: _PinningTorch):
     arange = np.arange(64, dtype=np.int64)
     runner = SimpleNamespace(
         arange_np=arange,
@@ -93,34 +111,62 @@ def _spec_runner(sources, which: str, pinned: list):
     )
     runner._get_cumsum_and_arange = _runner_method(sources, which, "_get_cumsum_and_arange").__get__(runner)
     if which == "patched":
-        runner._ddtree_host_to_gpu = _runner_method(sources, which, "_ddtree_host_to_gpu").__get__(runner)
+        to_gpu = release_files.method(
+            sources[which][RUNNER], "GPUModelRunner", "_ddtree_host_to_gpu", {"torch": shim, "np": np}
+        )
+        runner._ddtree_host_to_gpu = to_gpu.__get__(runner)
     return runner
 
 
-def test_the_verifications_index_arrays_are_the_releases_through_pinned_memory(sources, monkeypatch):
-    pinned: list[torch.Tensor] = []
+def test_a_host_array_goes_to_the_gpu_from_a_pinned_snapshot(sources):
+    shim = _PinningTorch()
+    to_gpu = release_files.method(sources["patched"][RUNNER], "GPUModelRunner", "_ddtree_host_to_gpu", {"torch": shim})
+    live = np.array([5, 9, 20, 3], dtype=np.int32)  # e.g. num_computed_tokens_cpu, which the host rewrites
+    runner = SimpleNamespace(pin_memory=True, device=torch.device("cpu"))
+    on_gpu = to_gpu(runner, live)
+    assert len(shim.pinned) == 1 and on_gpu.data_ptr() == shim.pinned[0].data_ptr()  # copied from the snapshot
+    live[1] -= 4  # the deferred correction, after the copy was queued and before it ran
+    assert on_gpu.tolist() == [5, 9, 20, 3] and on_gpu.dtype == torch.int32
 
-    def pin_memory(self):  # what torch.Tensor.pin_memory would copy (no CUDA here)
-        pinned.append(self)
-        return self.clone()
 
-    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+def test_the_verifications_index_arrays_are_the_releases_through_pinned_memory(sources):
+    shim = _PinningTorch()
     metadata = {"SpecDecodeMetadata": lambda **kw: kw}
     num_draft_tokens = np.array([3, 0, 2, 0, 1], dtype=np.int32)  # the release's own docstring example
     cu_num_scheduled = np.cumsum(np.array([4, 100, 3, 100, 2], dtype=np.int32))
     out = {}
     for which in ("pristine", "patched"):
         calc = _runner_method(sources, which, "_calc_spec_decode_metadata", **metadata)
-        out[which] = calc(_spec_runner(sources, which, pinned), num_draft_tokens, cu_num_scheduled)
-        if which == "pristine":
-            assert pinned == []  # the release copies straight from numpy's pageable arrays
+        out[which] = calc(_spec_runner(sources, which, shim), num_draft_tokens, cu_num_scheduled)
     assert out["patched"]["logits_indices"].tolist() == [0, 1, 2, 3, 103, 104, 105, 106, 206, 207, 208]
     for key, value in out["pristine"].items():
         if isinstance(value, torch.Tensor):
             assert out["patched"][key].dtype == value.dtype and torch.equal(out["patched"][key], value), key
         else:
             assert out["patched"][key] == value, key
-    assert len(pinned) == 5  # every index array went through pinned memory
+    assert len(shim.pinned) == 5  # every index array went through pinned memory
+
+
+def test_prepare_inputs_makes_its_copies_through_the_helpers(sources):
+    """The release's pageable copies are gone from the step's preparation, the helpers called instead."""
+    source = sources["patched"][RUNNER]
+    tree = ast.parse(source)
+    body = next(
+        ast.get_source_segment(source, f)
+        for c in ast.walk(tree)
+        if isinstance(c, ast.ClassDef) and c.name == "GPUModelRunner"
+        for f in c.body
+        if isinstance(f, ast.FunctionDef) and f.name == "_prepare_inputs"
+    )
+    for call in (
+        "self._ddtree_rows_to_gpu(self.mrope_positions, total_num_scheduled_tokens)",
+        "self._ddtree_rows_to_gpu(self.xdrope_positions, total_num_scheduled_tokens)",
+        "host_computed = self._ddtree_host_to_gpu(",
+        "self._ddtree_position_drift(num_reqs, req_indices_gpu, host_computed)",
+    ):
+        assert call in body, call
+    for release in (".cpu[:, :total_num_scheduled_tokens]", "num_computed_tokens_cpu_tensor[req_indices]"):
+        assert release not in body and release in sources["pristine"][RUNNER], release
 
 
 class _Indexed(torch.Tensor):
@@ -155,7 +201,23 @@ def _gdn_builder(full_graphs: bool, max_bs: int = 8, num_spec: int = 3):
     )
 
 
-def _gdn_build(sources, which: str, builder, query_lens: list[int], drafts: list[int], accepted: list[int]):
+class _OnGpu(torch.Tensor):
+    """A CPU tensor that says it is on a GPU (the builder pins only what goes to one)."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def _gdn_build(
+    sources,
+    which: str,
+    builder,
+    query_lens: list[int],
+    drafts: list[int],
+    accepted: list[int],
+    on_gpu: bool = False,
+):
     @dataclasses.dataclass
     class Metadata:  # GDNAttentionMetadata's fields, as the builder fills them
         num_prefills: int
@@ -185,12 +247,13 @@ def _gdn_build(sources, which: str, builder, query_lens: list[int], drafts: list
         "NULL_BLOCK_ID": 0,
         "GDNAttentionMetadata": Metadata,
         "mamba_get_block_table_tensor": lambda table, seq_lens, spec, mode: table,
+        "is_pin_memory_available": lambda: True,
     }
     build = release_files.method(sources[which][GDN], "GDNAttentionMetadataBuilder", "build", namespace)
     starts = torch.tensor([0, *np.cumsum(query_lens)], dtype=torch.int32)
     rows = len(query_lens)
     common = SimpleNamespace(
-        query_start_loc=starts.clone(),
+        query_start_loc=starts.clone().as_subclass(_OnGpu) if on_gpu else starts.clone(),
         query_start_loc_cpu=starts.clone(),
         compute_num_computed_tokens=lambda: torch.full((rows,), 40, dtype=torch.int32),
         block_table_tensor=torch.arange(rows * 6, dtype=torch.int32).reshape(rows, 6).as_subclass(_Indexed),
@@ -233,3 +296,17 @@ def test_gated_deltanet_metadata_is_the_releases_without_indexing_gpu_tensors_by
     assert release_masks  # the release indexes the block table and the accepted counts with the CPU mask
     prefix = drafts[: sum(d >= 0 for d in drafts)] == [d for d in drafts if d >= 0]
     assert changed_masks == ([] if prefix else release_masks)
+
+
+def test_the_gated_deltanet_row_mask_goes_to_the_gpu_from_pinned_memory(sources, monkeypatch):
+    pinned = []
+
+    def pin_memory(self):  # what torch.Tensor.pin_memory would copy (no CUDA here)
+        pinned.append(self.tolist())
+        return self.clone()
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    for which, want in (("pristine", []), ("patched", [[True, True, False]])):
+        pinned.clear()
+        _gdn_build(sources, which, _gdn_builder(True), [4, 4, 0], [3, 3, -1], [2, 1, 1], on_gpu=True)
+        assert pinned == want, which
