@@ -111,16 +111,13 @@ def _spec_runner(sources, which: str, shim: _PinningTorch):
     )
     runner._get_cumsum_and_arange = _runner_method(sources, which, "_get_cumsum_and_arange").__get__(runner)
     if which == "patched":
-        to_gpu = release_files.method(
-            sources[which][RUNNER], "GPUModelRunner", "_ddtree_host_to_gpu", {"torch": shim, "np": np}
-        )
-        runner._ddtree_host_to_gpu = to_gpu.__get__(runner)
+        runner._ddtree_host_to_gpu = _runner_method(sources, which, "_ddtree_host_to_gpu", torch=shim).__get__(runner)
     return runner
 
 
 def test_a_host_array_goes_to_the_gpu_from_a_pinned_snapshot(sources):
     shim = _PinningTorch()
-    to_gpu = release_files.method(sources["patched"][RUNNER], "GPUModelRunner", "_ddtree_host_to_gpu", {"torch": shim})
+    to_gpu = _runner_method(sources, "patched", "_ddtree_host_to_gpu", torch=shim)
     live = np.array([5, 9, 20, 3], dtype=np.int32)  # e.g. num_computed_tokens_cpu, which the host rewrites
     runner = SimpleNamespace(pin_memory=True, device=torch.device("cpu"))
     on_gpu = to_gpu(runner, live)
@@ -165,7 +162,17 @@ def test_prepare_inputs_makes_its_copies_through_the_helpers(sources):
         "self._ddtree_position_drift(num_reqs, req_indices_gpu, host_computed)",
     ):
         assert call in body, call
-    for release in (".cpu[:, :total_num_scheduled_tokens]", "num_computed_tokens_cpu_tensor[req_indices]"):
+    (update,) = [
+        node
+        for node in ast.walk(ast.parse(body))
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "update_num_computed_tokens_for_batch_change"
+    ]
+    assert ast.unparse(update.args[-1]) == "host_computed"  # the snapshot, not the live array
+    for release in (
+        ".cpu[:, :total_num_scheduled_tokens]",
+        "num_computed_tokens_cpu_tensor[req_indices]",
+        "num_computed_tokens_cpu_tensor[:num_reqs].to(",  # a live copy the correction could outrun
+    ):
         assert release not in body and release in sources["pristine"][RUNNER], release
 
 
