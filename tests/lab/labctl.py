@@ -96,7 +96,7 @@ def default_lab_name() -> str:
 
 
 # The results of record the lab replays (see --replay-measured): read at every `up`, never copied.
-MEASURED_ACCEPTANCE = REPO / "ddtree" / "results" / "trained_hybrid_h100.json"
+MEASURED_ACCEPTANCE = REPO / "ddtree" / "results" / "trained_hybrid_rebuilt_h100.json"
 MEASURED_NODE_FILE = "etc/lab-fakes/measured-figures.json"
 # The swap's acceptance floor while the lab replays the trained pair: its drafter is a small one
 # trained in minutes, whose chain accepts far fewer tokens than Qwen3.6-27B-DFlash (the production

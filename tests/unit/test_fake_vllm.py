@@ -253,7 +253,7 @@ def test_a_method_knob_can_make_one_budget_die(tmp_path, target, drafter, monkey
 def _replay_file(tmp_path) -> tuple[Path, list[dict]]:
     from ddtree.trained import decision
 
-    summary = json.loads((REPO / "ddtree" / "results" / "trained_hybrid_h100.json").read_text())
+    summary = json.loads(repo_file("tests/lab/labctl.py").MEASURED_ACCEPTANCE.read_text())
     costs = decision.step_costs(decision.default_step_costs(), 512)
     path = tmp_path / "measured-figures.json"
     path.write_text(json.dumps(decision.replay(summary, costs)))

@@ -19,9 +19,9 @@ _spec.loader.exec_module(labctl)
 
 
 def figures() -> dict:
-    summary = json.loads((REPO / "ddtree" / "results" / "trained_hybrid_h100.json").read_text())
+    summary = json.loads(labctl.MEASURED_ACCEPTANCE.read_text())
     out = decision.replay(summary, decision.step_costs(decision.default_step_costs(), 512))
-    out["source"] = {"acceptance": "trained_hybrid_h100.json", "step_costs": ["a.json"], "context": 512}
+    out["source"] = {"acceptance": labctl.MEASURED_ACCEPTANCE.name, "step_costs": ["a.json"], "context": 512}
     return out
 
 
