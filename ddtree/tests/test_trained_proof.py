@@ -415,3 +415,35 @@ def test_an_engine_run_keeps_the_engine_core_in_its_own_process(tmp_path, monkey
     with pytest.raises(Started):
         proof.cmd_gen(types.SimpleNamespace(name="target_bf16", pair=str(tmp_path), result="x", phases="greedy"))
     assert seen["mp"] == "0"
+
+
+def _build(kind="hybrid", **sha):
+    return {
+        "kind": kind,
+        "target": {"stopped_early": False},
+        "drafter": {"stopped_early": False},
+        "on_policy_text": {"stopped_early": False},
+        "sha256": {"target/model.safetensors": "a1", "drafter/model.safetensors": "b2", **sha},
+    }
+
+
+def test_a_second_build_repeats_only_with_every_file_equal_and_nothing_cut():
+    assert proof.repeat_build(_build(), _build()) == {
+        "sha256_equal": True,
+        "differing": [],
+        "cut_by_deadline": [],
+        "repeats": True,
+    }
+    other = proof.repeat_build(_build(), _build(**{"drafter/model.safetensors": "ff"}))
+    assert other["differing"] == ["drafter/model.safetensors"] and other["repeats"] is False
+    missing = _build()
+    del missing["sha256"]["target/model.safetensors"]
+    assert proof.repeat_build(_build(), missing)["differing"] == ["target/model.safetensors"]
+    cut = _build()
+    cut["target"]["stopped_early"] = True
+    got = proof.repeat_build(_build(), cut)
+    assert got["sha256_equal"] is True and got["cut_by_deadline"] == ["target"] and got["repeats"] is False
+    with pytest.raises(ValueError, match="not builds of one pair"):
+        proof.repeat_build(_build(), _build(kind="attention"))
+    with pytest.raises(ValueError, match="sha256"):
+        proof.repeat_build(_build(), {"kind": "hybrid"})

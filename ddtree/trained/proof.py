@@ -806,9 +806,33 @@ def write_summary(pair: str, out: str) -> int:
     return 0
 
 
-def record(pair: str, summary: dict, meta: dict) -> dict:
+def cut_phases(build: dict) -> list[str]:
+    """The phases of a build that its deadline cut: such a build is not the one its seeds give."""
+    return sorted(k for k in ("target", "drafter", "on_policy_text") if (build.get(k) or {}).get("stopped_early"))
+
+
+def repeat_build(first: dict, second: dict) -> dict:
+    """Whether a second build of the same pair (same command, same GPU model) wrote the same files:
+    equal digests for every file either lists, and neither cut by its deadline."""
+    a, b = first.get("sha256") or {}, second.get("sha256") or {}
+    if not a or not b:
+        raise ValueError("both build.json files need their files' sha256 (build.py writes them)")
+    if first.get("kind") != second.get("kind"):
+        raise ValueError(f"not builds of one pair: {first.get('kind')} and {second.get('kind')}")
+    differing = sorted(f for f in a.keys() | b.keys() if a.get(f) != b.get(f))
+    cut = sorted({*cut_phases(first), *cut_phases(second)})
+    return {
+        "sha256_equal": not differing,
+        "differing": differing,
+        "cut_by_deadline": cut,
+        "repeats": not differing and not cut,
+    }
+
+
+def record(pair: str, summary: dict, meta: dict, second_build: dict | None = None) -> dict:
     """The result of record: what the docs cite, compact (lists of mismatches and departures cut to
-    their first 10; every count kept)."""
+    their first 10; every count kept). ``second_build``: another build's build.json of the same pair,
+    compared file by file (``pair.repeat_build``)."""
     build = json.loads(Path(pair, "build.json").read_text())
 
     def cut(v: dict) -> dict:
@@ -828,6 +852,7 @@ def record(pair: str, summary: dict, meta: dict) -> dict:
             "gdn_kernel": build.get("gdn_kernel", "torch"),
             "nondeterministic_ops": build.get("nondeterministic_ops"),
             "sha256": build.get("sha256"),  # a rebuild with the same seeds and steps compares here
+            **({"repeat_build": repeat_build(build, second_build)} if second_build is not None else {}),
         },
         "identity": {r: {b: cut(v) for b, v in x.items()} for r, x in summary["identity"].items()},
         "kernel_noise": summary.get("kernel_noise"),
@@ -925,6 +950,7 @@ def main() -> int:
     s.add_argument("--gpu", required=True, help="the GPU, e.g. 'NVIDIA H100 80GB HBM3'")
     s.add_argument("--changeset", required=True, help="the change set's manifest sha256")
     s.add_argument("--command", required=True, help="how the runs were made")
+    s.add_argument("--repeat-build", help="build.json of a second build of the same pair, to compare file by file")
     a = ap.parse_args()
     try:
         if a.cmd == "gen":
@@ -936,7 +962,8 @@ def main() -> int:
         if a.cmd == "record":
             summary = json.loads(Path(a.out, "summary.json").read_text())
             meta = {"hardware": a.gpu, "vllm": "0.20.1", "manifest_sha256": a.changeset, "command": a.command}
-            Path(a.result).write_text(json.dumps(record(a.pair, summary, meta), indent=1) + "\n")
+            second = json.loads(Path(a.repeat_build).read_text()) if a.repeat_build else None
+            Path(a.result).write_text(json.dumps(record(a.pair, summary, meta, second), indent=1) + "\n")
             return 0
         return write_summary(a.pair, a.out)
     except Exception:
