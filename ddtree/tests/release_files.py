@@ -63,3 +63,13 @@ def method(source: str, cls: str, name: str, namespace: dict[str, Any]):
                     exec(compile(ast.Module([item], []), f"{cls}.{name}", "exec"), scope)
                     return scope[name]
     raise AssertionError(f"{cls}.{name} is not in the wheel")
+
+
+def function(source: str, name: str, namespace: dict[str, Any]):
+    """One module-level function of a wheel file's source, compiled on its own like ``method``."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            scope = dict(namespace)
+            exec(compile(ast.Module([node], []), name, "exec"), scope)
+            return scope[name]
+    raise AssertionError(f"{name} is not in the file")

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import sys
+import types
 from types import SimpleNamespace
 from typing import ClassVar
 
@@ -224,6 +226,7 @@ def _gdn_build(
     drafts: list[int],
     accepted: list[int],
     on_gpu: bool = False,
+    computed: list[int] | None = None,
 ):
     @dataclasses.dataclass
     class Metadata:  # GDNAttentionMetadata's fields, as the builder fills them
@@ -255,14 +258,21 @@ def _gdn_build(
         "GDNAttentionMetadata": Metadata,
         "mamba_get_block_table_tensor": lambda table, seq_lens, spec, mode: table,
         "is_pin_memory_available": lambda: True,
+        # Causal-conv metadata from the host's query starts (vllm/v1/attention/backends/utils.py, outside
+        # the change set): what the builder passes it is what is compared.
+        "compute_causal_conv1d_metadata": lambda starts, device: ({"starts": starts.tolist()}, None, None),
     }
+    if "_to_device_pinned" in sources[which][GDN]:
+        namespace["_to_device_pinned"] = release_files.function(sources[which][GDN], "_to_device_pinned", namespace)
     build = release_files.method(sources[which][GDN], "GDNAttentionMetadataBuilder", "build", namespace)
     starts = torch.tensor([0, *np.cumsum(query_lens)], dtype=torch.int32)
     rows = len(query_lens)
     common = SimpleNamespace(
         query_start_loc=starts.clone().as_subclass(_OnGpu) if on_gpu else starts.clone(),
         query_start_loc_cpu=starts.clone(),
-        compute_num_computed_tokens=lambda: torch.full((rows,), 40, dtype=torch.int32),
+        compute_num_computed_tokens=lambda: torch.tensor(computed or [40] * rows, dtype=torch.int32).as_subclass(
+            _Indexed
+        ),
         block_table_tensor=torch.arange(rows * 6, dtype=torch.int32).reshape(rows, 6).as_subclass(_Indexed),
         seq_lens=torch.full((rows,), 50, dtype=torch.int32),
         num_actual_tokens=int(starts[-1]),
@@ -317,3 +327,72 @@ def test_the_gated_deltanet_row_mask_goes_to_the_gpu_from_pinned_memory(sources,
         pinned.clear()
         _gdn_build(sources, which, _gdn_builder(True), [4, 4, 0], [3, 3, -1], [2, 1, 1], on_gpu=True)
         assert pinned == want, which
+
+
+@pytest.fixture
+def fla_chunks(monkeypatch):
+    """The FLA chunk helpers the builder imports for prefills: the wheel's own formulas (its package
+    needs Triton's GPU driver to import)."""
+    index = types.ModuleType("fla_index")
+
+    def lens(cu):
+        return cu[1:] - cu[:-1]
+
+    def chunk_indices(cu, size):
+        idx = torch.cat([torch.arange(n) for n in (-(-lens(cu) // size)).tolist()])
+        return torch.stack([idx.eq(0).cumsum(0) - 1, idx], 1).to(cu)
+
+    def chunk_offsets(cu, size):
+        return torch.cat([cu.new_tensor([0]), -(-lens(cu) // size)]).cumsum(-1)
+
+    index.prepare_chunk_indices, index.prepare_chunk_offsets = chunk_indices, chunk_offsets
+    utils = types.ModuleType("fla_utils")
+    utils.FLA_CHUNK_SIZE = 4
+    monkeypatch.setitem(sys.modules, "vllm.model_executor.layers.fla.ops.index", index)
+    monkeypatch.setitem(sys.modules, "vllm.model_executor.layers.fla.ops.utils", utils)
+
+
+@pytest.mark.parametrize(
+    "query_lens, drafts, accepted, computed",
+    [
+        ([4, 7, 4, 0], [3, -1, 3, -1], [2, 1, 3, 1], [40, 0, 40, 0]),  # a prompt chunk among verifications
+        ([1, 4, 4], [-1, 3, 3], [1, 2, 4], [40, 40, 40]),  # a plain decode, counted as a prefill
+        ([9, 4, 6], [-1, 3, -1], [1, 3, 1], [0, 40, 16]),  # two prompts around one verification
+        # verifications of different lengths (a request may draft fewer), a fresh prompt, a plain decode
+        ([6, 4, 1, 2, 0], [-1, 3, -1, 1, -1], [1, 4, 1, 2, 1], [0, 40, 40, 40, 0]),
+    ],
+)
+def test_a_step_of_prompts_beside_verifications_gathers_its_rows_from_one_pinned_copy(
+    sources, fla_chunks, monkeypatch, query_lens, drafts, accepted, computed
+):
+    pinned = []
+
+    def pin_memory(self):  # what torch.Tensor.pin_memory would copy (no CUDA here)
+        pinned.append(self.tolist())
+        return self.clone()
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    got = {}
+    for which in ("pristine", "patched"):
+        _Indexed.masks, pinned[:] = [], []
+        meta = _gdn_build(
+            sources, which, _gdn_builder(True), query_lens, drafts, accepted, on_gpu=True, computed=computed
+        )
+        got[which] = (meta, list(_Indexed.masks), list(pinned))
+    (release, release_masks, release_pins), (changed, changed_masks, changed_pins) = got["pristine"], got["patched"]
+    assert release.num_prefills > 0 and release.num_spec_decodes > 0  # the mixed branch
+    for field in dataclasses.fields(release):
+        a, b = getattr(release, field.name), getattr(changed, field.name)
+        if isinstance(a, torch.Tensor):
+            assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), field.name
+        else:
+            assert a == b, field.name
+    # The release gathers the block table (twice), the accepted counts and the initial-state flags
+    # with the CPU mask; the change set with row indices, from one pinned copy beside the mask's and
+    # the chunk tables'.
+    assert len(release_masks) == 4 and changed_masks == []
+    assert release_pins == []
+    spec = [i for i, d in enumerate(drafts) if d >= 0]
+    assert changed_pins[0] == [d >= 0 for d in drafts]
+    assert changed_pins[1] == spec + [i for i, d in enumerate(drafts) if d < 0]
+    assert changed_pins[2:] == [changed.chunk_indices.tolist(), changed.chunk_offsets.tolist()]
