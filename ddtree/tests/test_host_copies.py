@@ -286,6 +286,29 @@ def _gdn_build(
     )
 
 
+def _assert_same_metadata(release, changed) -> None:
+    """Every field the changed builder fills equals the release's, in value and dtype."""
+    for field in dataclasses.fields(release):
+        a, b = getattr(release, field.name), getattr(changed, field.name)
+        if isinstance(a, torch.Tensor):
+            assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), field.name
+        else:
+            assert a == b, field.name
+
+
+@pytest.fixture
+def pinned(monkeypatch) -> list:
+    """What each torch.Tensor.pin_memory call was given (no CUDA here: it returns a copy)."""
+    given: list = []
+
+    def pin_memory(self):
+        given.append(self.tolist())
+        return self.clone()
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    return given
+
+
 @pytest.mark.parametrize("full_graphs", [True, False])
 @pytest.mark.parametrize(
     "query_lens, drafts, accepted",
@@ -304,25 +327,13 @@ def test_gated_deltanet_metadata_is_the_releases_without_indexing_gpu_tensors_by
         meta = _gdn_build(sources, which, _gdn_builder(full_graphs), query_lens, drafts, accepted)
         got[which] = (meta, list(_Indexed.masks))
     (release, release_masks), (changed, changed_masks) = got["pristine"], got["patched"]
-    for field in dataclasses.fields(release):
-        a, b = getattr(release, field.name), getattr(changed, field.name)
-        if isinstance(a, torch.Tensor):
-            assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), field.name
-        else:
-            assert a == b, field.name
+    _assert_same_metadata(release, changed)
     assert release_masks  # the release indexes the block table and the accepted counts with the CPU mask
     prefix = drafts[: sum(d >= 0 for d in drafts)] == [d for d in drafts if d >= 0]
     assert changed_masks == ([] if prefix else release_masks)
 
 
-def test_the_gated_deltanet_row_mask_goes_to_the_gpu_from_pinned_memory(sources, monkeypatch):
-    pinned = []
-
-    def pin_memory(self):  # what torch.Tensor.pin_memory would copy (no CUDA here)
-        pinned.append(self.tolist())
-        return self.clone()
-
-    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+def test_the_gated_deltanet_row_mask_goes_to_the_gpu_from_pinned_memory(sources, pinned):
     for which, want in (("pristine", []), ("patched", [[True, True, False]])):
         pinned.clear()
         _gdn_build(sources, which, _gdn_builder(True), [4, 4, 0], [3, 3, -1], [2, 1, 1], on_gpu=True)
@@ -363,15 +374,8 @@ def fla_chunks(monkeypatch):
     ],
 )
 def test_a_step_of_prompts_beside_verifications_gathers_its_rows_from_one_pinned_copy(
-    sources, fla_chunks, monkeypatch, query_lens, drafts, accepted, computed
+    sources, fla_chunks, pinned, query_lens, drafts, accepted, computed
 ):
-    pinned = []
-
-    def pin_memory(self):  # what torch.Tensor.pin_memory would copy (no CUDA here)
-        pinned.append(self.tolist())
-        return self.clone()
-
-    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
     got = {}
     for which in ("pristine", "patched"):
         _Indexed.masks, pinned[:] = [], []
@@ -381,12 +385,7 @@ def test_a_step_of_prompts_beside_verifications_gathers_its_rows_from_one_pinned
         got[which] = (meta, list(_Indexed.masks), list(pinned))
     (release, release_masks, release_pins), (changed, changed_masks, changed_pins) = got["pristine"], got["patched"]
     assert release.num_prefills > 0 and release.num_spec_decodes > 0  # the mixed branch
-    for field in dataclasses.fields(release):
-        a, b = getattr(release, field.name), getattr(changed, field.name)
-        if isinstance(a, torch.Tensor):
-            assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), field.name
-        else:
-            assert a == b, field.name
+    _assert_same_metadata(release, changed)
     # The release gathers the block table (twice), the accepted counts and the initial-state flags
     # with the CPU mask; the change set with row indices, from one pinned copy beside the mask's and
     # the chunk tables'.

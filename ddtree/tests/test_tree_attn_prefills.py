@@ -26,19 +26,12 @@ UTILS = "vllm/v1/attention/backends/utils.py"
 RUNNER = "vllm/v1/worker/gpu_model_runner.py"
 
 
-def module_function(source: str, name: str, namespace: dict):
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            scope = dict(namespace)
-            exec(compile(ast.Module([node], []), name, "exec"), scope)
-            return scope[name]
-    raise AssertionError(f"{name} is not in the wheel")
-
-
 @pytest.fixture(scope="module")
 def split():
     source = release_files.pristine([UTILS])[UTILS].decode()
-    return module_function(source, "split_decodes_and_prefills", {"torch": torch, "CommonAttentionMetadata": object})
+    return release_files.function(
+        source, "split_decodes_and_prefills", {"torch": torch, "CommonAttentionMetadata": object}
+    )
 
 
 @pytest.fixture(scope="module")
